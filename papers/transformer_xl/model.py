@@ -1,0 +1,210 @@
+"""Transformer-XL (Dai, Yang, Yang, Carbonell, Le, Salakhutdinov; ACL 2019, arXiv 1901.02860).
+
+Reference code: kimiyoung/transformer-xl `pytorch/mem_transformer.py` (`MemTransformerLM`, attn_type 0 and 2).
+Read top-down: config → decoder layer → model. Layout legend: B batch, T segment length, M memory length,
+K = M + T, D model width; tensors are batch-first (the reference is time-first).
+
+Where this differs from the reference (and why):
+- Queries are projected for the current segment only; the reference projects q, k, v for [memory; segment] and
+  throws the memory queries away. Same weights (one `qkv_net`), same result, a third less projection work.
+- Only the inputs of the n_layer layers are kept as memory; the reference also caches the last layer's output,
+  which nothing reads.
+- `attention="absolute"` (the reference's attn_type 2) adds the positions to the layer-0 memory out of place;
+  the reference adds them in place (`mems_i += pos_emb[:mlen]`), so the cached memory gains another copy of the
+  position table at every segment.
+- The cluster logits of the adaptive softmax keep the reference's (reversed) order, so its checkpoints load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from repro.memory import update_memory
+from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from repro.nn.attention import (
+    AbsoluteAttention,
+    PositionwiseFF,
+    RelPartialLearnableAttention,
+    causal_mask,
+    relative_distances,
+    sinusoid_table,
+)
+
+
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """Model hyper-parameters; the paper configs in `configs/transformer_xl/` give each value's source."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    d_head: int
+    d_inner: int
+    n_token: int = 0  # set from the data module's vocabulary
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    d_embed: int | None = None  # None: d_model (the reference's d_embed = -1)
+    div_val: int = 1
+    cutoffs: tuple[int, ...] = ()  # adaptive softmax/input cluster bounds; () = full softmax
+    tie_weight: bool = True
+    # None: the reference's default for WikiText-103, [False] + [True] * len(cutoffs)
+    tie_projs: tuple[bool, ...] | None = None
+    pre_lnorm: bool = False
+    attention: Literal["relative", "absolute"] = "relative"
+    init_std: float = 0.02  # normal(0, 0.02) for weights, u and v; LayerNorm weights normal(1, 0.02)
+    proj_init_std: float = 0.01  # adaptive input/softmax projections
+
+    def __post_init__(self):
+        for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.dropatt < 1.0):
+            raise ValueError("dropout and dropatt must lie in [0, 1)")
+        if self.attention not in ("relative", "absolute"):
+            raise ValueError(f"model.attention is 'relative' or 'absolute', got {self.attention!r}")
+        if self.tie_projs is not None and len(self.tie_projs) != len(self.cutoffs) + 1:
+            raise ValueError(f"tie_projs needs {len(self.cutoffs) + 1} entries (one per cluster), got {len(self.tie_projs)}")
+        if self.d_model % 2:
+            raise ValueError("d_model must be even (sinusoid positions come in sin/cos pairs)")
+
+    @property
+    def embed_dim(self) -> int:
+        return self.d_embed or self.d_model
+
+    @property
+    def proj_ties(self) -> tuple[bool, ...]:
+        return self.tie_projs if self.tie_projs is not None else (False,) + (True,) * len(self.cutoffs)
+
+
+class DecoderLayer(nn.Module):
+    """Attention and feed-forward, each with residual and LayerNorm (post-LN unless `pre_lnorm`)."""
+
+    def __init__(self, cfg: TransformerXLConfig):
+        super().__init__()
+        attn = RelPartialLearnableAttention if cfg.attention == "relative" else AbsoluteAttention
+        self.attn = attn(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt)
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.ff = PositionwiseFF(d_model=cfg.d_model, d_inner=cfg.d_inner, dropout=cfg.dropout)
+        self.ff_norm = nn.LayerNorm(cfg.d_model)
+        self.pre_lnorm = cfg.pre_lnorm
+
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos):
+        if self.pre_lnorm:
+            mem = self.attn_norm(mem_BMD) if mem_BMD.shape[1] else mem_BMD
+            h = h_BTD + self.drop(self.attn(self.attn_norm(h_BTD), mem_BMD=mem, mask_TK=mask_TK, pos=pos))
+            return h + self.ff(self.ff_norm(h))
+        h = self.attn_norm(h_BTD + self.drop(self.attn(h_BTD, mem_BMD=mem_BMD, mask_TK=mask_TK, pos=pos)))
+        return self.ff_norm(h + self.ff(h))
+
+
+class TransformerXL(nn.Module):
+    """`forward(tokens, mems, mem_len=…) -> (hidden, new_mems)`; `nll(hidden, target)` scores it."""
+
+    supports_memory = True
+
+    def __init__(self, cfg: TransformerXLConfig):
+        super().__init__()
+        if cfg.n_token <= 0:
+            raise ValueError("model.n_token (the vocabulary size) must be set, normally from the data module")
+        self.cfg = cfg
+        d_embed = cfg.embed_dim
+        self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
+                                          cutoffs=cfg.cutoffs, div_val=cfg.div_val)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
+        if cfg.attention == "relative":
+            self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # u
+            self.r_r_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # v
+        self.crit = ProjectedAdaptiveLogSoftmax(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
+                                                cutoffs=cfg.cutoffs, div_val=cfg.div_val)
+        self.apply(self._init_weights)
+        self._tie()
+
+    # -------------------------------------------------------------------------------------------- init & tying
+    def _init_weights(self, m: nn.Module) -> None:
+        std, proj_std = self.cfg.init_std, self.cfg.proj_init_std
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.normal_(m.weight, 1.0, std)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, AdaptiveEmbedding):
+            for p in m.emb_projs:
+                nn.init.normal_(p, 0.0, proj_std)
+        elif isinstance(m, ProjectedAdaptiveLogSoftmax):
+            if m.n_clusters > 0:
+                nn.init.normal_(m.cluster_weight, 0.0, std)
+                nn.init.zeros_(m.cluster_bias)
+            for p in m.out_projs:
+                if p is not None:
+                    nn.init.normal_(p, 0.0, proj_std)
+        elif isinstance(m, TransformerXL) and self.cfg.attention == "relative":
+            nn.init.normal_(m.r_w_bias, 0.0, std)
+            nn.init.normal_(m.r_r_bias, 0.0, std)
+
+    def _tie(self) -> None:
+        cfg = self.cfg
+        if cfg.tie_weight:
+            for out, emb in zip(self.crit.out_layers, self.word_emb.emb_layers):
+                out.weight = emb.weight
+        for i, tie in enumerate(cfg.proj_ties):
+            if not tie:
+                continue
+            if cfg.div_val == 1 and cfg.d_model != cfg.embed_dim:
+                self.crit.tie_proj(i, self.word_emb.emb_projs[0])
+            elif cfg.div_val != 1:
+                self.crit.tie_proj(i, self.word_emb.emb_projs[i])
+
+    # ------------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        tokens_BT: torch.Tensor,
+        mems: list[torch.Tensor],
+        *,
+        mem_len: int,
+        clamp_len: int = -1,
+        same_length: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden states of the segment (B, T, D) and the next memory (one (B, ≤mem_len, D) per layer)."""
+        b, t = tokens_BT.shape
+        emb = self.word_emb(tokens_BT)
+        if not mems:
+            mems = [emb.new_empty(b, 0, self.cfg.d_model) for _ in self.layers]
+        m = mems[0].shape[1]
+        k = m + t
+        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=emb.device)
+        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
+        pos_KD = pos_KD.to(emb.dtype)
+        layer_mems = mems
+        if self.cfg.attention == "relative":
+            h = self.drop(emb)
+            pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
+        else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
+            h = self.drop(emb + pos_KD[m:])
+            pos = None
+            if m:
+                layer_mems = [mems[0] + pos_KD[:m], *mems[1:]]
+        hids = []
+        for layer, mem in zip(self.layers, layer_mems):
+            hids.append(h)
+            h = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
+        new_mems = update_memory(mems, hids, mem_len=mem_len)
+        return self.drop(h), new_mems
+
+    def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL (B, T), float32."""
+        b, t, d = hidden_BTD.shape
+        return self.crit(hidden_BTD.reshape(b * t, d), target_BT.reshape(b * t)).view(b, t)
+
+    def log_prob(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        b, t, d = hidden_BTD.shape
+        return self.crit.log_prob(hidden_BTD.reshape(b * t, d)).view(b, t, -1)

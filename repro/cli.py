@@ -1,0 +1,202 @@
+"""`repro`: one command line for every paper.
+
+    repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.devices N --trainer.strategy ddp ...]
+    repro describe CONFIG [CONFIG ...]
+    repro bench CONFIG --mode train|eval [--precision 32|bf16] [--steps N]
+    repro tables PAPER
+
+The first form is the Lightning CLI (jsonargparse): a config names its LightningModule and LightningDataModule by
+class path, unknown keys are errors, and every Trainer flag works. The conventions that tie the parts together:
+a data module exposes `vocab_size` and a module accepts `n_token`, which the CLI links; a config's `run:` section
+names its paper, experiment and profile, and where to record its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.cli import LightningCLI
+
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+SEED = 1111  # the reference's default seed
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+
+
+def hardware() -> str:
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"{n}× {torch.cuda.get_device_name(0)}"
+    return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
+
+
+class ReproCLI(LightningCLI):
+    def __init__(self, args=None, run: bool = True, **kwargs):
+        self._t0 = time.time()
+        super().__init__(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            # LightningCLI's config-saving callback fails with a sqlite tracking URI: the resolved config is logged
+            # to MLflow as an artifact instead (see `_start_tracking`).
+            save_config_callback=None,
+            # Segments must reach each rank in order: the automatic distributed sampler would scramble them.
+            trainer_defaults={"use_distributed_sampler": False, "logger": False},
+            seed_everything_default=SEED,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--run.paper", type=str, default="", help="paper folder name (papers/<paper>)")
+        parser.add_argument("--run.experiment", type=str, default="", help="experiment name within the paper")
+        parser.add_argument("--run.profile", type=str, default="", help="tiny | paper")
+        parser.add_argument("--run.record", type=str | None, default=None,
+                            help="write this run's metrics and provenance to this JSON file")
+        parser.add_argument("--run.checkpoint", type=str | None, default=None,
+                            help="fit: save the final checkpoint here (atomically)")
+        parser.add_argument("--run.tracking", type=str, default="mlflow", help="mlflow | none")
+        parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
+
+    def _run_cfg(self) -> dict[str, Any]:
+        cfg = self.config.get(str(self.subcommand), self.config)
+        return dict(cfg.get("run", {}) or {})
+
+    def instantiate_trainer(self, **kwargs):
+        run = self._run_cfg()
+        if run.get("tracking", "mlflow") == "mlflow":
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            cfg = self.config.get(str(self.subcommand), self.config)
+            if not cfg.get("trainer", {}).get("logger"):
+                name = "/".join(x for x in (run.get("profile"), run.get("experiment")) if x) or None
+                kwargs["logger"] = MLFlowLogger(experiment_name=run.get("paper") or "repro",
+                                                run_name=f"{self.subcommand}:{name}", tracking_uri=tracking_uri(),
+                                                tags={"subcommand": str(self.subcommand), "profile": run.get("profile", "")})
+        return super().instantiate_trainer(**kwargs)
+
+    def _mlflow(self):
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        for lg in self.trainer.loggers:
+            if isinstance(lg, MLFlowLogger):
+                return lg
+        return None
+
+    def _start_tracking(self) -> None:
+        lg = self._mlflow()
+        if lg is None or self.trainer.global_rank != 0:
+            return
+        cfg = self.config.get(str(self.subcommand), self.config)
+        text = self.parser.dump(cfg, skip_none=False) if self.subcommand is None else \
+            self._subcommand_parsers[self.subcommand].dump(cfg, skip_none=False)
+        lg.experiment.log_text(lg.run_id, text, "config.yaml")
+        dm = self.datamodule
+        lg.log_hyperparams({"data": {k: v for k, v in vars(dm).items()
+                                     if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}})
+        lg.experiment.set_tag(lg.run_id, "hardware", hardware())
+
+    def before_fit(self):
+        self._start_tracking()
+
+    def before_validate(self):
+        self._start_tracking()
+
+    def before_test(self):
+        self._start_tracking()
+
+    def after_fit(self):
+        run = self._run_cfg()
+        if run.get("checkpoint"):
+            from repro.io import atomic_path
+
+            with atomic_path(run["checkpoint"]) as tmp:
+                self.trainer.save_checkpoint(tmp)
+        self._record("fit")
+
+    def after_validate(self):
+        self._record("validate")
+
+    def after_test(self):
+        self._record("test")
+
+    def _record(self, stage: str) -> None:
+        if self.trainer.global_rank != 0:
+            return
+        run = self._run_cfg()
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+        lg = self._mlflow()
+        record = {
+            "paper": run.get("paper"),
+            "experiment": run.get("experiment"),
+            "profile": run.get("profile"),
+            "stage": stage,
+            "metrics": metrics,
+            "provenance": {
+                "steps": int(self.trainer.global_step),
+                "tokens_seen": int(getattr(self.model, "tokens_seen", torch.tensor(0)).item()),
+                "hardware": hardware(),
+                "precision": str(self.trainer.precision),
+                "devices": self.trainer.world_size,
+                "mlflow_run": lg.run_id if lg is not None else None,
+                "mlflow_experiment": lg.experiment_id if lg is not None else None,
+                "corpus": getattr(self.datamodule, "corpus_name", None),
+                "corpus_meta": getattr(getattr(self.datamodule, "corpus", None), "meta", None),
+                "parameters": sum(p.numel() for p in self.model.parameters()),
+                "wall_seconds": round(time.time() - self._t0, 1),
+                "torch": torch.__version__,
+            },
+        }
+        if hasattr(self.model, "describe"):
+            record["model"] = self.model.describe()
+        if run.get("record"):
+            from repro.io import atomic_write_json
+
+            atomic_write_json(run["record"], record)
+        if lg is not None:
+            lg.experiment.log_dict(lg.run_id, record, f"record-{stage}.json")
+
+
+def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: bool = False):
+    """Model and data module of a config without training (for describe, bench, tests)."""
+    args = []
+    for c in config_paths:
+        args += ["-c", c]
+    args += ["--run.tracking", "none", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    args += overrides or []
+    if meta:
+        with torch.device("meta"):
+            cli = ReproCLI(args=args, run=False)
+    else:
+        cli = ReproCLI(args=args, run=False)
+    return cli
+
+
+def main(argv: list[str] | None = None) -> None:
+    from_shell = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in LIGHTNING_SUBCOMMANDS:
+        if from_shell:
+            sys.argv = [sys.argv[0], *argv]  # `python -m repro fit …` and `repro fit …` alike
+        ReproCLI(args=None if from_shell else argv)
+        return
+    from repro import commands
+
+    commands.main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The corpora registry: every corpus by name, built once into token tensors and cached.
+
+A built corpus is a folder `<data_dir>/cache/<name>/` with `tokens.pt` (one int32 tensor per split, loaded with
+`weights_only=True`), `vocab.json` (the symbols, in index order) and `meta.json` (sizes, sources, checksums).
+Everything is written atomically: an interrupted build leaves no half-written cache.
+
+`<data_dir>` is `$REPRO_DATA` when set, else `data/` under the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from repro.data import embedded
+from repro.data.vocab import Vocab, char_vocab, encode_chars, encode_words, word_vocab
+from repro.io import atomic_write_json, load_tensors, save_tensors
+
+SPLITS = ("train", "valid", "test")
+FORMAT_VERSION = 1
+
+
+def data_dir(override: str | os.PathLike | None = None) -> Path:
+    return Path(override or os.environ.get("REPRO_DATA") or "data")
+
+
+@dataclass(frozen=True)
+class Built:
+    vocab: Vocab
+    splits: dict[str, np.ndarray]
+    meta: dict
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    name: str
+    level: Literal["word", "char"]
+    stands_in_for: str | None
+    # Expected vocabulary size, used only to describe a config before its data is downloaded; the built
+    # vocabulary is authoritative (a difference is reported at build time). None for the embedded corpora,
+    # which build in seconds.
+    vocab_size: int | None
+    build: Callable[[Path], Built]
+    description: str
+
+
+@dataclass
+class Corpus:
+    name: str
+    level: Literal["word", "char"]
+    vocab: Vocab
+    splits: dict[str, torch.Tensor]  # int32, 1-D
+    meta: dict
+
+    @property
+    def unit(self) -> str:
+        return "bpc" if self.level == "char" else "ppl"
+
+
+# ---------------------------------------------------------------------------------------------- builders
+
+
+def _build_word(lines: dict[str, list[str]], meta: dict) -> Built:
+    vocab = word_vocab(lines["train"])
+    return Built(vocab, {s: encode_words(lines[s], vocab) for s in SPLITS}, meta)
+
+
+def _build_char(data: dict[str, bytes], meta: dict) -> Built:
+    vocab = char_vocab(data[s] for s in SPLITS)  # counted on all splits, as the reference does
+    return Built(vocab, {s: encode_chars(data[s], vocab) for s in SPLITS}, meta)
+
+
+def _embedded_char(_: Path) -> Built:
+    return _build_char(embedded.char_splits(), embedded.provenance())
+
+
+def _embedded_text8(_: Path) -> Built:
+    return _build_char(embedded.text8_splits(), embedded.provenance())
+
+
+def _embedded_word(_: Path) -> Built:
+    return _build_word(embedded.word_splits(), embedded.provenance())
+
+
+def _wikitext103(raw: Path) -> Built:
+    from repro.data import sources
+
+    files = sources.wikitext103_files(raw)
+    lines = {s: files[s].read_text(encoding="utf-8").splitlines() for s in SPLITS}
+    return _build_word(lines, {"source": "wikitext-103-v1.zip (tokenized)"})
+
+
+ENWIK8_SPLIT = (90_000_000, 5_000_000, 5_000_000)
+
+
+def enwik8_splits(data: bytes) -> dict[str, bytes]:
+    """First 90M bytes train, next 5M valid, last 5M test (`prep_enwik8.py`)."""
+    if len(data) != sum(ENWIK8_SPLIT):
+        raise ValueError(f"enwik8 has {sum(ENWIK8_SPLIT):,} bytes, got {len(data):,}")
+    a, b, _ = ENWIK8_SPLIT
+    return {"train": data[:a], "valid": data[a : a + b], "test": data[a + b :]}
+
+
+def _enwik8(raw: Path, *, drop_newlines: bool) -> Built:
+    from repro.data import sources
+
+    parts = enwik8_splits(sources.enwik8_bytes(raw))
+    if drop_newlines:
+        parts = {s: p.replace(b"\n", b"") for s, p in parts.items()}
+    return _build_char(parts, {"source": "enwik8.zip", "newlines": "dropped" if drop_newlines else "kept"})
+
+
+def text8_splits(data: str | bytes) -> dict[str, bytes]:
+    """The last 10M characters split 5M valid / 5M test, the rest train; each part stripped (`prep_text8.py`)."""
+    if isinstance(data, str):
+        data = data.encode("ascii")
+    n = 5_000_000
+    parts = {"train": data[: -2 * n], "valid": data[-2 * n : -n], "test": data[-n:]}
+    return {s: p.strip() for s, p in parts.items()}
+
+
+def _text8(raw: Path) -> Built:
+    from repro.data import sources
+
+    return _build_char(text8_splits(sources.text8_bytes(raw)), {"source": "text8.zip"})
+
+
+REGISTRY: dict[str, CorpusSpec] = {
+    spec.name: spec
+    for spec in [
+        CorpusSpec("embedded-char", "char", "enwik8", None, _embedded_char,
+                   "UTF-8 bytes of Python's own documentation"),
+        CorpusSpec("embedded-text8", "char", "text8", None, _embedded_text8,
+                   "Python's documentation reduced to text8's alphabet (a-z and space)"),
+        CorpusSpec("embedded-word", "word", "wt103", None, _embedded_word,
+                   "Python's documentation tokenized WikiText-style, <unk> below 3 training occurrences"),
+        # 267,735 types: PAPERS.md §1 (train-only counts plus <eos>)
+        CorpusSpec("wt103", "word", None, 267_735, _wikitext103, "WikiText-103 (tokenized v1)"),
+        # Every byte value that occurs in enwik8, the newline (byte 10) included; the reference pipeline loses
+        # the newline (see papers/transformer_xl/README.md), hence one symbol less in `enwik8-txl`.
+        CorpusSpec("enwik8", "char", None, 205, lambda raw: _enwik8(raw, drop_newlines=False),
+                   "enwik8, every byte (the Hutter Prize definition)"),
+        CorpusSpec("enwik8-txl", "char", None, 204, lambda raw: _enwik8(raw, drop_newlines=True),
+                   "enwik8 as the Transformer-XL pipeline reads it: newline bytes removed from every split"),
+        # a-z and space
+        CorpusSpec("text8", "char", None, 27, _text8, "text8"),
+    ]
+}
+
+
+def spec(name: str) -> CorpusSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown corpus {name!r}; the registry has: {', '.join(sorted(REGISTRY))}") from None
+
+
+def cache_dir(name: str, root: str | os.PathLike | None = None) -> Path:
+    return data_dir(root) / "cache" / name
+
+
+def is_built(name: str, root: str | os.PathLike | None = None) -> bool:
+    return (cache_dir(name, root) / "meta.json").exists()
+
+
+def build(name: str, root: str | os.PathLike | None = None) -> Path:
+    """Build the cache of `name` if it is missing (downloading its sources if needed)."""
+    import json
+
+    folder = cache_dir(name, root)
+    if is_built(name, root):
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("format") == FORMAT_VERSION:
+            return folder
+    s = spec(name)
+    t0 = time.time()
+    built = s.build(data_dir(root) / "raw" / name)
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)) for k, v in built.splits.items()}
+    built.vocab.save(folder / "vocab.json")
+    save_tensors(folder / "tokens.pt", tensors)
+    meta = dict(built.meta)
+    meta.update(
+        format=FORMAT_VERSION,
+        name=name,
+        level=s.level,
+        vocab_size=len(built.vocab),
+        vocab_digest=built.vocab.digest,
+        tokens={k: int(v.numel()) for k, v in tensors.items()},
+        build_seconds=round(time.time() - t0, 1),
+    )
+    if s.vocab_size is not None and s.vocab_size != len(built.vocab):
+        print(f"note: {name} has {len(built.vocab)} symbols; the registry expected {s.vocab_size} "
+              "(used only by `repro describe` before the data exists)", flush=True)
+    atomic_write_json(folder / "meta.json", meta)  # written last: its presence marks a complete build
+    return folder
+
+
+def load_corpus(name: str, root: str | os.PathLike | None = None) -> Corpus:
+    import json
+
+    s = spec(name)
+    folder = build(name, root)
+    meta = json.loads((folder / "meta.json").read_text())
+    vocab = Vocab.load(folder / "vocab.json")
+    tensors = load_tensors(folder / "tokens.pt")
+    if vocab.digest != meta["vocab_digest"] or set(tensors) != set(SPLITS):
+        raise RuntimeError(f"the cache in {folder} is inconsistent; delete the folder and run again to rebuild it")
+    return Corpus(name, s.level, vocab, {k: tensors[k] for k in SPLITS}, meta)
+
+
+def vocab_size(name: str, root: str | os.PathLike | None = None) -> int:
+    """The vocabulary size without building a paper corpus that is not there yet."""
+    import json
+
+    s = spec(name)
+    folder = cache_dir(name, root)
+    if is_built(name, root):
+        return int(json.loads((folder / "meta.json").read_text())["vocab_size"])
+    if s.vocab_size is not None:
+        return s.vocab_size
+    return int(json.loads((build(name, root) / "meta.json").read_text())["vocab_size"])

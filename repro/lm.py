@@ -1,0 +1,311 @@
+"""The LightningModule shared by every segment-recurrent language model of the repository.
+
+A paper's module subclasses `SegmentLM` and builds its `nn.Module` in `build_model`; the model must provide
+`forward(tokens_BT, mems, *, mem_len, clamp_len, same_length) -> (hidden_BTD, new_mems)`, `nll(hidden, target)`
+and a `supports_memory` flag. Everything else is written here once:
+
+- one detached memory per split, reset at the start of each pass over a split (Lightning 2 has no truncated
+  BPTT), carried across segments, saved in checkpoints and restored on resume (re-sharded when the number of
+  DDP ranks changes, since each rank holds a contiguous slice of the streams);
+- token-weighted NLL sums synced across ranks (`repro.metrics.TokenNLL`) → loss, ppl and bpc;
+- two evaluation protocols: `memory` (the Transformer-XL protocol, segments with carried memory under the
+  evaluation lengths) and `sliding` (the vanilla model of Al-Rfou et al.: every token predicted from a fresh
+  window of the `window` tokens before it; the first window of a stream scores all its positions);
+- the reference optimiser: Adam, linear warm-up, cosine decay to `eta_min` over `trainer.max_steps`
+  (gradient clipping at 0.25 is the Trainer's `gradient_clip_val`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from repro.memory import memory_length
+from repro.metrics import TokenNLL
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """How much memory a forward pass keeps and sees."""
+
+    mem_len: int = 0  # memory kept per layer
+    clamp_len: int = -1  # relative distances beyond this use the embedding of clamp_len; -1: no clamp
+    same_length: bool = False  # every query sees the same number of keys (evaluation)
+
+    def __post_init__(self):
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be ≥ 0, got {self.mem_len}")
+        if self.clamp_len == 0 or self.clamp_len < -1:
+            raise ValueError(f"clamp_len is -1 (off) or positive, got {self.clamp_len}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2.5e-4
+    warmup_steps: int = 0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    eta_min: float = 0.0  # the cosine's floor, as a learning rate (the reference's `eta_min`)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+
+    def factor(self, step: int, max_steps: int) -> float:
+        """Learning-rate multiplier for optimiser update `step` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(step, max_steps) / max(1, max_steps)
+        floor = self.eta_min / self.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    kind: Literal["memory", "sliding"] = "memory"
+    window: int = 0  # sliding: tokens of context per prediction (the attention length)
+    window_batch: int = 256  # sliding: windows per forward pass
+
+    def __post_init__(self):
+        if self.kind not in ("memory", "sliding"):
+            raise ValueError(f"eval protocol is 'memory' or 'sliding', got {self.kind!r}")
+        if self.kind == "sliding" and self.window <= 0:
+            raise ValueError("the sliding protocol needs a positive window (its attention length)")
+
+
+def coerce(cls, value):
+    """A dataclass from a dict (configs and checkpoints store plain dicts)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        names = {f.name for f in fields(cls)}
+        unknown = set(value) - names
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+    raise TypeError(f"expected {cls.__name__} or dict, got {type(value).__name__}")
+
+
+SPLIT_OF_STAGE = {"fit": "train", "validate": "valid", "test": "test"}
+
+
+class SegmentLM(L.LightningModule):
+    """Base module; subclasses implement `build_model()` and may extend `extra_loss`."""
+
+    def __init__(
+        self,
+        *,
+        n_token: int,
+        memory: MemorySettings | dict,
+        eval_memory: MemorySettings | dict | None,
+        optim: OptimConfig | dict,
+        eval_protocol: EvalProtocol | dict,
+    ):
+        super().__init__()
+        self.n_token = n_token
+        self.memory = coerce(MemorySettings, memory)
+        self.eval_memory = coerce(MemorySettings, eval_memory) if eval_memory is not None else self.memory
+        self.optim = coerce(OptimConfig, optim)
+        self.eval_protocol = coerce(EvalProtocol, eval_protocol)
+        self.model = self.build_model()
+        if not getattr(self.model, "supports_memory", False):
+            for name, lengths in [("memory", self.memory), ("eval_memory", self.eval_memory)]:
+                if lengths.mem_len > 0:
+                    raise ValueError(
+                        f"{type(self.model).__name__} keeps no memory, but {name}.mem_len = {lengths.mem_len}: "
+                        "set it to 0"
+                    )
+        if self.eval_protocol.kind == "sliding" and self.eval_memory.mem_len > 0:
+            raise ValueError("the sliding-window protocol evaluates without memory: set eval_memory.mem_len to 0")
+        self._mems: dict[str, list[torch.Tensor] | None] = {"train": None, "valid": None, "test": None}
+        self._history: dict[str, torch.Tensor | None] = {"valid": None, "test": None}  # sliding protocol
+        self.nll_metrics = torch.nn.ModuleDict({s: TokenNLL() for s in ("valid", "test")})
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=True)
+        self.vocab_digest: str | None = None
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def extra_loss(self) -> dict[str, torch.Tensor]:
+        """Auxiliary losses of the last forward pass, added to the NLL (e.g. ∞-former's KL term)."""
+        return {}
+
+    # ------------------------------------------------------------------------------------------------- setup
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and getattr(dm, "corpus", None) is not None:
+            self.vocab_digest = dm.corpus.vocab.digest
+            if len(dm.corpus.vocab) != self.n_token:
+                raise ValueError(
+                    f"the model has {self.n_token} output symbols but corpus {dm.corpus_name} has "
+                    f"{len(dm.corpus.vocab)}: build the model from this data (leave n_token unset)"
+                )
+
+    # ---------------------------------------------------------------------------------------------- training
+    def on_train_epoch_start(self) -> None:
+        self._mems["train"] = None
+
+    def forward(self, tokens_BT, mems, lengths: MemorySettings):
+        return self.model(tokens_BT, mems, mem_len=lengths.mem_len, clamp_len=lengths.clamp_len,
+                          same_length=lengths.same_length)
+
+    def training_step(self, batch, batch_idx):
+        hidden, self._mems["train"] = self(batch.input, self._mems["train"], self.memory)
+        nll = self.model.nll(hidden, batch.target)
+        loss = nll.mean()
+        aux = self.extra_loss()
+        total = loss + sum(aux.values()) if aux else loss
+        self.tokens_seen += batch.target.numel() * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach()))
+        self.log("train/bpc", loss.detach() / math.log(2))
+        self.log("train/tokens_seen", self.tokens_seen.float())
+        for name, value in aux.items():
+            self.log(f"train/{name}", value)
+        return total
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=self.optim.lr, betas=self.optim.betas,
+                               weight_decay=self.optim.weight_decay)
+        max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
+        if self.optim.schedule == "cosine" and max_steps <= 0:
+            raise ValueError("the cosine schedule decays over trainer.max_steps: set --trainer.max_steps")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: self.optim.factor(s, max_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------------- evaluation
+    def _eval_start(self, split: str) -> None:
+        self._mems[split] = None
+        self._history[split] = None
+        self.nll_metrics[split].reset()
+
+    def _eval_step(self, split: str, batch) -> None:
+        if self.eval_protocol.kind == "sliding":
+            nll = self._sliding_nll(split, batch.input, batch.target)
+        else:
+            hidden, self._mems[split] = self(batch.input, self._mems[split], self.eval_memory)
+            nll = self.model.nll(hidden, batch.target)
+        self.nll_metrics[split].update(nll)
+
+    def _eval_end(self, split: str) -> None:
+        metric = self.nll_metrics[split]
+        loss = metric.compute()
+        prefix = "val" if split == "valid" else split
+        self.log(f"{prefix}/loss", loss.float(), sync_dist=False)
+        self.log(f"{prefix}/ppl", torch.exp(loss).float(), sync_dist=False)
+        self.log(f"{prefix}/bpc", (loss / math.log(2)).float(), sync_dist=False)
+        self.log(f"{prefix}/tokens", metric.tokens.float(), sync_dist=False)
+        self._mems[split] = None
+
+    def on_validation_epoch_start(self):
+        self._eval_start("valid")
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step("valid", batch)
+
+    def on_validation_epoch_end(self):
+        self._eval_end("valid")
+
+    def on_test_epoch_start(self):
+        self._eval_start("test")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step("test", batch)
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
+
+    def _sliding_nll(self, split: str, inp_BT: torch.Tensor, tgt_BT: torch.Tensor) -> torch.Tensor:
+        """NLL of each target from a window of the `window` tokens that end at its input token."""
+        w = self.eval_protocol.window
+        hist = self._history[split]
+        seq = inp_BT if hist is None else torch.cat([hist, inp_BT], dim=1)  # (B, h + T)
+        b, t = inp_BT.shape
+        h = seq.shape[1] - t
+        nll = torch.empty(b, t, dtype=torch.float32, device=inp_BT.device)
+        done = 0
+        if h < w - 1:  # `seq` still starts at the stream's first token: score from the stream's first window
+            first = min(w, h + t)
+            hidden, _ = self(seq[:, :first], None, MemorySettings())
+            done = first - h
+            nll[:, :done] = self.model.nll(hidden[:, h:first], tgt_BT[:, :done])
+        if done < t:
+            # windows ending at segment positions done..t-1, i.e. seq[:, h+j-w+1 : h+j+1]
+            windows = seq.unfold(1, w, 1)[:, h + done - w + 1 : h + t - w + 1]  # (B, n, w)
+            targets = tgt_BT[:, done:]
+            flat_w, flat_t = windows.reshape(-1, w), targets.reshape(-1)
+            out = torch.empty(flat_t.shape, dtype=torch.float32, device=inp_BT.device)
+            step = self.eval_protocol.window_batch
+            for i in range(0, flat_w.shape[0], step):
+                hidden, _ = self(flat_w[i : i + step], None, MemorySettings())
+                out[i : i + step] = self.model.nll(hidden[:, -1:], flat_t[i : i + step, None]).squeeze(1)
+            nll[:, done:] = out.view(b, t - done)
+        self._history[split] = seq[:, -(w - 1):] if w > 1 else seq[:, :0]
+        return nll
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["repro"] = {
+            "n_token": self.n_token,
+            "vocab_digest": self.vocab_digest,
+            "train_memory": self._gather_memory(self._mems["train"]),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("repro", {})
+        if state.get("n_token") not in (None, self.n_token):
+            raise ValueError(
+                f"the checkpoint was trained on a vocabulary of {state['n_token']} symbols, this run's data has "
+                f"{self.n_token}: evaluate it on the corpus it was trained on"
+            )
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        corpus = getattr(dm, "corpus", None)
+        ours = corpus.vocab.digest if corpus is not None else self.vocab_digest
+        if state.get("vocab_digest") and ours and state["vocab_digest"] != ours:
+            raise ValueError(
+                f"the checkpoint's vocabulary (digest {state['vocab_digest']}) differs from this data's ({ours}): "
+                "same size, different symbols or order; evaluate it on the corpus it was trained on"
+            )
+        self._mems["train"] = self._scatter_memory(state.get("train_memory"))
+
+    def _gather_memory(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        """The memory of all ranks, concatenated along the batch (= stream) dimension, on the CPU."""
+        if mems is None:
+            return None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            out = []
+            for m in mems:
+                parts = [torch.empty_like(m) for _ in range(dist.get_world_size())]
+                dist.all_gather(parts, m.contiguous())
+                out.append(torch.cat(parts, dim=0).cpu())
+            return out
+        return [m.detach().cpu().clone() for m in mems]
+
+    def _scatter_memory(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        if mems is None:
+            return None
+        world = self._trainer.world_size if self._trainer is not None else 1
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        b = mems[0].shape[0]
+        if b % world:
+            raise ValueError(f"the checkpoint's memory holds {b} streams, which do not split into {world} ranks")
+        per = b // world
+        return [m[rank * per : (rank + 1) * per].to(self.device) for m in mems]
+
+    # ----------------------------------------------------------------------------------------------- summary
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+            "module_class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "parameters": sum(p.numel() for p in self.parameters()),
+            "mem_len": self.memory.mem_len,
+            "eval": asdict(self.eval_memory) | {"protocol": self.eval_protocol.kind},
+        }
+
+    @property
+    def memory_tokens(self) -> int:
+        return memory_length(self._mems["train"])
