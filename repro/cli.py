@@ -18,11 +18,12 @@ import os
 import platform
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -40,6 +41,33 @@ def hardware() -> str:
     return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
 
 
+class CurveRecorder(Callback):
+    """Training and validation curves as a CSV (step, split, loss, ppl, bpc) for `dvc plots`."""
+
+    def __init__(self, path: str):
+        self.path, self.rows = path, []
+
+    def _add(self, trainer, split: str, prefix: str) -> None:
+        m = trainer.callback_metrics
+        if f"{prefix}/loss" in m:
+            self.rows.append((trainer.global_step, split, *(float(m[f"{prefix}/{k}"]) for k in ("loss", "ppl", "bpc"))))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+            self._add(trainer, "train", "train")
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._add(trainer, "valid", "val")
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.global_rank == 0:
+            from repro.io import atomic_write_text
+
+            lines = ["step,split,loss,ppl,bpc"] + [f"{s},{sp},{l:.6f},{p:.6f},{b:.6f}" for s, sp, l, p, b in self.rows]
+            atomic_write_text(self.path, "\n".join(lines) + "\n")
+
+
 class ReproCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
@@ -54,10 +82,18 @@ class ReproCLI(LightningCLI):
             # Segments must reach each rank in order: the automatic distributed sampler would scramble them.
             trainer_defaults={"use_distributed_sampler": False, "logger": False},
             seed_everything_default=SEED,
+            # The config, not the checkpoint's hyper-parameters, decides the run: an evaluation config must be
+            # able to change the evaluation lengths of a trained model. The weights come from --ckpt_path.
+            load_from_checkpoint_support=False,
             args=args,
             run=run,
             **kwargs,
         )
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI would overwrite the config's model with the checkpoint's hyper-parameters; here the config
+        decides (an evaluation config changes evaluation lengths) and the checkpoint supplies the weights. A
+        checkpoint of another architecture or vocabulary fails to load with a message saying so."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run.paper", type=str, default="", help="paper folder name (papers/<paper>)")
@@ -67,6 +103,8 @@ class ReproCLI(LightningCLI):
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
                             help="fit: save the final checkpoint here (atomically)")
+        parser.add_argument("--run.curves", type=str | None, default=None,
+                            help="fit: write the training and validation curves to this CSV (a DVC plot)")
         parser.add_argument("--run.tracking", type=str, default="mlflow", help="mlflow | none")
         parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
 
@@ -76,6 +114,8 @@ class ReproCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         run = self._run_cfg()
+        if run.get("curves"):
+            kwargs["callbacks"] = [*kwargs.get("callbacks", []), CurveRecorder(run["curves"])]
         if run.get("tracking", "mlflow") == "mlflow":
             from lightning.pytorch.loggers import MLFlowLogger
 
@@ -177,12 +217,12 @@ def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: 
     args += ["--run.tracking", "none", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     args += overrides or []
-    if meta:
-        with torch.device("meta"):
-            cli = ReproCLI(args=args, run=False)
-    else:
-        cli = ReproCLI(args=args, run=False)
-    return cli
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the args are given here, not on this process's command line
+    try:
+        with torch.device("meta") if meta else nullcontext():
+            return ReproCLI(args=args, run=False)
+    finally:
+        sys.argv = argv
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -192,13 +192,13 @@ class SegmentLM(L.LightningModule):
         self.nll_metrics[split].update(nll)
 
     def _eval_end(self, split: str) -> None:
-        metric = self.nll_metrics[split]
-        loss = metric.compute()
+        result = self.nll_metrics[split].compute()
+        loss = result["mean_nll"]
         prefix = "val" if split == "valid" else split
         self.log(f"{prefix}/loss", loss.float(), sync_dist=False)
         self.log(f"{prefix}/ppl", torch.exp(loss).float(), sync_dist=False)
         self.log(f"{prefix}/bpc", (loss / math.log(2)).float(), sync_dist=False)
-        self.log(f"{prefix}/tokens", metric.tokens.float(), sync_dist=False)
+        self.log(f"{prefix}/tokens", result["tokens"].float(), sync_dist=False)
         self._mems[split] = None
 
     def on_validation_epoch_start(self):
@@ -253,6 +253,8 @@ class SegmentLM(L.LightningModule):
             "n_token": self.n_token,
             "vocab_digest": self.vocab_digest,
             "train_memory": self._gather_memory(self._mems["train"]),
+            # Lightning does not save RNG states; dropout after a resume must draw what it would have drawn
+            "rng": self._gather_rng(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -271,6 +273,22 @@ class SegmentLM(L.LightningModule):
                 "same size, different symbols or order; evaluate it on the corpus it was trained on"
             )
         self._mems["train"] = self._scatter_memory(state.get("train_memory"))
+        rng = state.get("rng")
+        if rng:
+            rank = self._trainer.global_rank if self._trainer is not None else 0
+            mine = rng[rank] if rank < len(rng) else rng[0]
+            torch.set_rng_state(mine["cpu"])
+            if torch.cuda.is_available() and mine.get("cuda") is not None:
+                torch.cuda.set_rng_state(mine["cuda"])
+
+    def _gather_rng(self) -> list[dict[str, torch.Tensor | None]]:
+        mine = {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and self.device.type == "cuda" else None}
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            out: list = [None] * dist.get_world_size()
+            dist.all_gather_object(out, mine)
+            return out
+        return [mine]
 
     def _gather_memory(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
         """The memory of all ranks, concatenated along the batch (= stream) dimension, on the CPU."""

@@ -22,6 +22,7 @@ records the version and the SHA-256 of the text, and tables cite them.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 import sys
@@ -65,6 +66,11 @@ def _stdlib_docstrings() -> list[tuple[str, str]]:
 
 def split_text(*, docstrings: bool = True) -> dict[str, str]:
     """The concatenated documents cut at line boundaries into the three splits."""
+    return dict(zip(SPLITS, _split_text(docstrings)))
+
+
+@functools.lru_cache(maxsize=2)
+def _split_text(docstrings: bool) -> tuple[str, str, str]:
     text = "\n\n".join(doc.strip("\n") for _, doc in documents(docstrings=docstrings)) + "\n"
     lines = text.splitlines(keepends=True)
     total = len(text)
@@ -75,7 +81,7 @@ def split_text(*, docstrings: bool = True) -> dict[str, str]:
         split = "train" if seen < bounds[0] else "valid" if seen < bounds[1] else "test"
         out[split].append(line)
         seen += len(line)
-    return {s: "".join(v) for s, v in out.items()}
+    return tuple("".join(out[s]) for s in SPLITS)
 
 
 def provenance(*, docstrings: bool = True) -> dict[str, str]:

@@ -14,7 +14,8 @@ from torchmetrics import Metric
 
 
 class TokenNLL(Metric):
-    """Accumulates Σ NLL (nats) and the token count; `compute()` is the mean NLL per token."""
+    """Accumulates Σ NLL (nats) and the token count; `compute()` gives the mean NLL per token and the count,
+    both over all ranks."""
 
     full_state_update = False
     higher_is_better = False
@@ -30,10 +31,10 @@ class TokenNLL(Metric):
         self.nll_sum += nll.detach().double().sum()
         self.tokens += nll.numel()
 
-    def compute(self) -> torch.Tensor:
+    def compute(self) -> dict[str, torch.Tensor]:
         if self.tokens == 0:
             raise RuntimeError("no token was scored")
-        return self.nll_sum / self.tokens
+        return {"mean_nll": self.nll_sum / self.tokens, "tokens": self.tokens.clone()}
 
 
 def perplexity(mean_nll: float) -> float:

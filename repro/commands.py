@@ -1,0 +1,129 @@
+"""The non-Lightning subcommands of `repro`: describe, bench, tables."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+import torch
+
+
+def describe_configs(paths: list[str]) -> list[dict]:
+    from repro.cli import build
+
+    rows = []
+    for path in paths:
+        base = path.replace(".eval.yaml", ".yaml")
+        cfgs = [base, path] if base != path else [path]
+        cli = build(cfgs, meta=True)
+        module, dm = cli.model, cli.datamodule
+        run = cli.config.get("run", {}) or {}
+        row = {"config": path, "paper": run.get("paper"), "experiment": run.get("experiment"),
+               "profile": run.get("profile")}
+        row |= module.describe() if hasattr(module, "describe") else {
+            "module_class": type(module).__qualname__, "parameters": sum(p.numel() for p in module.parameters())}
+        for key in ("corpus_name", "batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len"):
+            if hasattr(dm, key):
+                row[key.replace("corpus_name", "corpus")] = getattr(dm, key)
+        try:
+            tables = importlib.import_module(f"papers.{row['paper']}.tables")
+            paper_params = getattr(tables, "PAPER_PARAMS", {}).get(row["experiment"])
+        except (ImportError, TypeError):
+            paper_params = None
+        row["paper_parameters"] = paper_params
+        if paper_params:
+            row["ratio_to_paper"] = round(row["parameters"] / paper_params, 4)
+        rows.append(row)
+    return rows
+
+
+def _describe(args) -> None:
+    for row in describe_configs(args.config):
+        print(json.dumps(row), flush=True)
+
+
+def _prepare(args) -> None:
+    """Build (download if needed) every corpus the configs use; write a manifest of what was built."""
+    from pathlib import Path
+
+    from repro.cli import build
+
+    paths = []
+    for item in args.config:
+        p = Path(item)
+        paths += sorted(str(x) for x in p.glob("*.yaml") if ".eval." not in x.name) if p.is_dir() else [item]
+    built = {}
+    for path in paths:
+        dm = build([path]).datamodule
+        name = getattr(dm, "corpus_name", None) or type(dm).__name__
+        if name not in built:
+            dm.prepare_data()
+            dm.setup("fit")
+            corpus = getattr(dm, "corpus", None)
+            built[name] = getattr(corpus, "meta", None) or {"prepared": True}
+            print(f"{name}: ready", flush=True)
+    if args.manifest:
+        from repro.io import atomic_write_json
+
+        atomic_write_json(args.manifest, built)
+
+
+def _tables(args) -> None:
+    from repro import tables as T
+
+    try:
+        mod = importlib.import_module(f"papers.{args.paper}.tables")
+    except ImportError as err:
+        raise SystemExit(f"no tables for paper {args.paper!r} ({err}); papers: transformer_xl, infinity_former, "
+                         "lamemo, mgk")
+    results = T.Results(args.paper)
+    tables = mod.build(results)
+    paths = T.write(args.paper, tables)
+    for p in paths:
+        print(p)
+    if not args.no_mlflow:
+        T.log_to_mlflow(args.paper, tables, paths, results)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="repro", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,describe,bench,prepare,tables}")
+    d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
+    d.add_argument("config", nargs="+")
+    d.set_defaults(func=_describe)
+
+    b = sub.add_parser("bench", help="tokens/s and peak memory of a config (one JSON line)")
+    b.add_argument("config", nargs="+", help="config file(s), merged in order (e.g. a training and an eval config)")
+    b.add_argument("--mode", choices=["train", "eval", "slowdown"], default="train")
+    b.add_argument("--precision", choices=["32", "bf16"], default="32")
+    b.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--batch-size", type=int)
+    b.add_argument("--tgt-len", type=int)
+    b.add_argument("--device")
+    b.add_argument("--threads", type=int)
+    b.add_argument("--attention-lengths", help="slowdown: comma-separated attention lengths")
+    b.add_argument("--segment", type=int, default=32, help="slowdown: segment length of the memory model")
+    b.add_argument("--override", action="append", default=[], help="extra CLI override, e.g. --override=--model.init_args.model.dropout=0")
+    b.add_argument("--output", help="also write the JSON lines to this file")
+    b.set_defaults(func=lambda a: importlib.import_module("repro.bench").main(a))
+
+    p = sub.add_parser("prepare", help="build the corpora of configs (files or folders of configs)")
+    p.add_argument("config", nargs="+")
+    p.add_argument("--manifest", help="write what was built (sizes, checksums) to this JSON file")
+    p.set_defaults(func=_prepare)
+
+    t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
+    t.add_argument("paper")
+    t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
+    t.set_defaults(func=_tables)
+
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(True)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

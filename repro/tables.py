@@ -1,0 +1,150 @@
+"""Tables with provenance: every number says whether it is the paper's or ours, and where ours came from.
+
+A paper's `tables.py` defines `build(results: Results) -> list[Table]`; `repro tables PAPER` calls it and writes
+`results/<paper>/<table>.md` and `.csv`. Our numbers come from the run records that `repro fit|test
+--run.record` writes under `results/<paper>/runs/<profile>/`; each cell of ours carries a footnote with the
+profile, corpus, steps, tokens seen, hardware, precision and MLflow run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path("results")
+
+
+@dataclass
+class Cell:
+    value: float | str | None
+    source: str = ""  # "paper", "ours", or "" for labels
+    provenance: str = ""  # footnote text for cells of ours
+    fmt: str = "{:.2f}"
+
+    def text(self) -> str:
+        if self.value is None:
+            return "—"
+        if isinstance(self.value, str):
+            return self.value
+        return self.fmt.format(self.value)
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    columns: list[str]
+    rows: list[list[Cell | str | float | None]]
+    notes: list[str] = field(default_factory=list)
+
+    def _cells(self) -> list[list[Cell]]:
+        return [[c if isinstance(c, Cell) else Cell(c) for c in row] for row in self.rows]
+
+    def markdown(self) -> str:
+        footnotes: dict[str, int] = {}
+        lines = [f"# {self.title}", "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        for row in self._cells():
+            texts = []
+            for c in row:
+                t = c.text()
+                if c.source == "ours" and c.provenance and c.value is not None:
+                    n = footnotes.setdefault(c.provenance, len(footnotes) + 1)
+                    t = f"{t} [{n}]"
+                texts.append(t)
+            lines.append("| " + " | ".join(texts) + " |")
+        if footnotes:
+            lines += ["", "Where our numbers come from:", ""]
+            lines += [f"{n}. {p}" for p, n in footnotes.items()]
+        if self.notes:
+            lines += [""] + self.notes
+        return "\n".join(lines) + "\n"
+
+    def csv(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow([*self.columns, "provenance"])
+        for row in self._cells():
+            prov = "; ".join(sorted({c.provenance for c in row if c.source == "ours" and c.provenance}))
+            w.writerow([c.text() if c.value is None or isinstance(c.value, str) else c.value for c in row] + [prov])
+        return buf.getvalue()
+
+
+class Results:
+    """Run records of one paper: `get(profile, experiment, stage)`."""
+
+    def __init__(self, paper: str, root: Path = RESULTS):
+        self.paper, self.root = paper, root
+        self.records: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for path in sorted((root / paper / "runs").glob("*/*.json")):
+            rec = json.loads(path.read_text())
+            self.records[(rec.get("profile") or path.parent.name, rec.get("experiment") or path.stem.split(".")[0],
+                          rec.get("stage") or "")] = rec
+
+    def get(self, profile: str, experiment: str, stage: str) -> dict[str, Any] | None:
+        return self.records.get((profile, experiment, stage))
+
+    def metric(self, profile: str, experiment: str, stage: str, key: str, *, fmt: str = "{:.2f}") -> Cell:
+        rec = self.get(profile, experiment, stage)
+        if rec is None or key not in rec.get("metrics", {}):
+            return Cell("not run", "ours")
+        return Cell(rec["metrics"][key], "ours", provenance(rec), fmt)
+
+    def load_json_lines(self, relpath: str) -> list[dict[str, Any]]:
+        path = self.root / self.paper / relpath
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def provenance(rec: dict[str, Any]) -> str:
+    p = rec.get("provenance", {})
+    meta = p.get("corpus_meta") or {}
+    corpus = p.get("corpus") or "?"
+    if meta.get("python"):
+        corpus += f" (Python {meta['python']} docs, sha256 {meta.get('sha256', '')[:12]})"
+    run = p.get("mlflow_run")
+    mlflow = f"MLflow run {run[:12]} (experiment {p.get('mlflow_experiment')})" if run else "no MLflow run"
+    return (f"this repository, profile `{rec.get('profile')}`, `{rec.get('experiment')}` {rec.get('stage')}; "
+            f"data {corpus}; {p.get('steps', 0):,} steps, {p.get('tokens_seen', 0):,} tokens seen; "
+            f"{p.get('parameters', 0):,} parameters; {p.get('hardware')}, precision {p.get('precision')}; {mlflow}")
+
+
+def paper_cell(value: float | None, fmt: str = "{:.2f}") -> Cell:
+    return Cell(value, "paper", fmt=fmt)
+
+
+def write(paper: str, tables: list[Table], root: Path = RESULTS) -> list[Path]:
+    from repro.io import atomic_write_text
+
+    out = []
+    for t in tables:
+        md = root / paper / f"{t.name}.md"
+        atomic_write_text(md, t.markdown())
+        atomic_write_text(root / paper / f"{t.name}.csv", t.csv())
+        out.append(md)
+    return out
+
+
+def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: Results) -> None:
+    """Attach the tables (and plots beside them) to every MLflow run they cite."""
+    runs = {rec["provenance"]["mlflow_run"] for rec in results.records.values()
+            if rec.get("provenance", {}).get("mlflow_run")}
+    if not runs:
+        return
+    from mlflow.tracking import MlflowClient
+
+    from repro.cli import tracking_uri
+
+    client = MlflowClient(tracking_uri())
+    extra = sorted((results.root / paper).glob("*.png"))
+    for run in runs:
+        try:
+            for p in [*paths, *extra]:
+                client.log_artifact(run, str(p), artifact_path="tables")
+        except Exception as err:  # a run recorded elsewhere (another machine's database) is not fatal
+            print(f"note: could not attach tables to MLflow run {run}: {err}", flush=True)

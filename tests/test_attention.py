@@ -1,0 +1,122 @@
+"""Relative attention, masks and positions against naive per-(i, j) computations written here."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from repro.nn.attention import (
+    AbsoluteAttention,
+    RelPartialLearnableAttention,
+    causal_mask,
+    rel_shift,
+    relative_distances,
+    sinusoid_table,
+)
+
+
+def naive_visible(i, j, *, t, k, same_length, mem_len):
+    m = k - t
+    ok = j <= m + i
+    if same_length:
+        ok = ok and j > m + i - mem_len
+    return ok
+
+
+@pytest.mark.parametrize("t,k,same_length,mem_len", [(4, 4, False, 0), (3, 8, False, 5), (5, 9, True, 4),
+                                                    (5, 7, True, 6), (4, 6, True, 10), (6, 6, True, 3)])
+def test_causal_mask_matches_definition(t, k, same_length, mem_len):
+    mask = causal_mask(t, k, same_length=same_length, mem_len=mem_len)
+    for i in range(t):
+        for j in range(k):
+            assert bool(mask[i, j]) == (not naive_visible(i, j, t=t, k=k, same_length=same_length, mem_len=mem_len))
+
+
+def test_same_length_gives_every_query_mem_len_keys():
+    mask = causal_mask(5, 5 + 8, same_length=True, mem_len=8)
+    assert (~mask).sum(1).tolist() == [8] * 5
+
+
+def test_rel_shift_reindexes_by_distance():
+    t, k = 4, 7
+    m = k - t
+    raw = torch.randn(2, 3, t, k)  # column c holds distance k-1-c
+    out = rel_shift(raw)
+    for i in range(t):
+        for j in range(m + i + 1):
+            dist = m + i - j
+            assert_close(out[..., i, j], raw[..., i, k - 1 - dist])
+
+
+def test_sinusoid_table_values():
+    pos = torch.tensor([0.0, 3.0])
+    table = sinusoid_table(pos, 6)
+    inv = [1 / 10000 ** (2 * i / 6) for i in range(3)]
+    expect = torch.tensor([[math.sin(p * f) for f in inv] + [math.cos(p * f) for f in inv] for p in (0.0, 3.0)])
+    assert_close(table, expect)
+
+
+def naive_relative_attention(attn, h, mem, r, u, v, *, same_length, mem_len):
+    """score(i,j) = (q_i+u)·k_j + (q_i+v)·W_r R_{M+i-j}, scaled, masked, softmax, values, output projection."""
+    b, t, d = h.shape
+    nh, e = attn.n_head, attn.d_head
+    cat = torch.cat([mem, h], 1)
+    k_len = cat.shape[1]
+    m = k_len - t
+    w = attn.qkv_net.weight
+    q = (h @ w[: nh * e].T).view(b, t, nh, e)
+    kk = (cat @ w[nh * e : 2 * nh * e].T).view(b, k_len, nh, e)
+    vv = (cat @ w[2 * nh * e :].T).view(b, k_len, nh, e)
+    rk = attn.r_net(r).view(k_len, nh, e)  # row c: distance k_len-1-c
+    out = torch.zeros(b, t, nh, e)
+    for bb in range(b):
+        for hh in range(nh):
+            for i in range(t):
+                scores = []
+                for j in range(k_len):
+                    if not naive_visible(i, j, t=t, k=k_len, same_length=same_length, mem_len=mem_len):
+                        scores.append(float("-inf"))
+                        continue
+                    dist = m + i - j
+                    r_j = rk[k_len - 1 - dist, hh]
+                    s = (q[bb, i, hh] + u[hh]) @ kk[bb, j, hh] + (q[bb, i, hh] + v[hh]) @ r_j
+                    scores.append(s / math.sqrt(e))
+                p = torch.softmax(torch.stack([torch.as_tensor(s) for s in scores]), 0)
+                out[bb, i, hh] = p @ vv[bb, :, hh]
+    return attn.o_net(out.reshape(b, t, nh * e))
+
+
+@pytest.mark.parametrize("mem,same_length,clamp", [(0, False, -1), (5, False, -1), (5, True, -1), (6, False, 3)])
+def test_relative_attention_equals_naive_loop(mem, same_length, clamp):
+    d, nh, e, t, b = 12, 3, 4, 4, 2
+    attn = RelPartialLearnableAttention(d_model=d, n_head=nh, d_head=e, dropatt=0.0).eval()
+    h, memory = torch.randn(b, t, d), torch.randn(b, mem, d)
+    k_len = mem + t
+    r = sinusoid_table(relative_distances(k_len, clamp_len=clamp), d)
+    u, v = torch.randn(nh, e), torch.randn(nh, e)
+    mem_len = 6
+    mask = causal_mask(t, k_len, same_length=same_length, mem_len=mem_len)
+    fast = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
+    slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=mem_len)
+    assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_clamp_uses_clamped_distance_embedding():
+    k = relative_distances(10, clamp_len=4)
+    assert k.tolist() == [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
+
+
+def test_absolute_attention_equals_softmax_reference():
+    d, nh, e, t, b, mem = 8, 2, 4, 3, 2, 2
+    attn = AbsoluteAttention(d_model=d, n_head=nh, d_head=e, dropatt=0.0).eval()
+    h, memory = torch.randn(b, t, d), torch.randn(b, mem, d)
+    mask = causal_mask(t, t + mem)
+    out = attn(h, mem_BMD=memory, mask_TK=mask)
+    cat = torch.cat([memory, h], 1)
+    w = attn.qkv_net.weight
+    q = (h @ w[:8].T).view(b, t, nh, e).transpose(1, 2)
+    k = (cat @ w[8:16].T).view(b, t + mem, nh, e).transpose(1, 2)
+    v = (cat @ w[16:].T).view(b, t + mem, nh, e).transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask)
+    assert_close(out, attn.o_net(ref.transpose(1, 2).reshape(b, t, d)))

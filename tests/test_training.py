@@ -1,0 +1,134 @@
+"""Training through Lightning: resume with memory, DDP equivalence, the CLI entry point and its errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.testing import assert_close
+
+from papers.transformer_xl.model import TransformerXLConfig
+from papers.transformer_xl.module import TransformerXLLM
+from repro.cli import main
+from repro.data.lm import LMDataModule
+
+TINY = "configs/transformer_xl/tiny/enwik8_12l.yaml"
+
+
+class LossRecorder(Callback):
+    def __init__(self):
+        self.losses = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+class StopAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def _run(tmp_path, *, stop_at=None, ckpt_path=None):
+    L.seed_everything(7)
+    dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16)
+    cfg = TransformerXLConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.2, dropatt=0.1)
+    module = TransformerXLLM(cfg, memory={"mem_len": 16}, optim={"lr": 3e-3, "warmup_steps": 2}, n_token=dm.vocab_size)
+    rec = LossRecorder()
+    callbacks = [rec, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)]
+    if stop_at:
+        callbacks.append(StopAt(stop_at))
+    trainer = L.Trainer(max_steps=10, logger=False, callbacks=callbacks, enable_progress_bar=False,
+                        limit_val_batches=0, use_distributed_sampler=False, gradient_clip_val=0.25,
+                        enable_model_summary=False, accelerator="cpu")
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return rec.losses, module
+
+
+def test_killed_run_resumes_with_its_memory_and_the_same_trajectory(tmp_path):
+    straight, _ = _run(tmp_path / "a")
+    stopped, module = _run(tmp_path / "b", stop_at=5)
+    assert max(stopped) == 5 and module._mems["train"][0].shape[1] == 16
+    ckpt = tmp_path / "b" / "epoch=0-step=5.ckpt"
+    state = torch.load(ckpt, weights_only=True)  # checkpoints are plain tensors and values
+    assert state["repro"]["train_memory"][0].shape == (4, 16, 32)
+    resumed, _ = _run(tmp_path / "c", ckpt_path=ckpt)
+    assert sorted(resumed) == list(range(6, 11))
+    for step in range(6, 11):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
+
+
+def test_resume_without_the_memory_would_differ(tmp_path):
+    """The trajectory test above has power: dropping the restored memory changes the next loss."""
+    straight, _ = _run(tmp_path / "a")
+    _run(tmp_path / "b", stop_at=5)
+    ckpt = tmp_path / "b" / "epoch=0-step=5.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    state["repro"]["train_memory"] = None
+    torch.save(state, tmp_path / "nomem.ckpt")
+    resumed, _ = _run(tmp_path / "c", ckpt_path=tmp_path / "nomem.ckpt")
+    assert resumed[6] != pytest.approx(straight[6], rel=1e-6)
+
+
+def _cli(args, cwd):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "repro", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
+    common = ["validate", "-c", TINY, "--run.tracking", "none", "--trainer.precision", "32-true",
+              "--trainer.limit_val_batches", "12", "--trainer.accelerator", "cpu"]
+    one = _cli([*common, "--run.record", str(tmp_path / "one.json")], root)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _cli([*common, "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                "--run.record", str(tmp_path / "two.json")], root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = json.loads((tmp_path / "one.json").read_text())["metrics"]
+    b = json.loads((tmp_path / "two.json").read_text())["metrics"]
+    assert a["val/tokens"] == b["val/tokens"] == 10 * 12 * 64
+    assert b["val/loss"] == pytest.approx(a["val/loss"], rel=1e-5)
+
+
+def test_fit_then_test_through_the_entry_point_and_vocabulary_check(root, tmp_path):
+    ckpt = tmp_path / "tiny.ckpt"
+    fit = _cli(["fit", "-c", TINY, "--trainer.max_steps", "3", "--trainer.limit_val_batches", "2",
+                "--run.tracking", "none", "--run.checkpoint", str(ckpt), "--run.record", str(tmp_path / "fit.json")],
+               root)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    record = json.loads((tmp_path / "fit.json").read_text())
+    assert record["provenance"]["steps"] == 3 and record["provenance"]["tokens_seen"] == 3 * 16 * 64
+    test = _cli(["test", "-c", TINY, "-c", TINY.replace(".yaml", ".eval.yaml"), "--ckpt_path", str(ckpt),
+                 "--trainer.limit_test_batches", "3", "--run.tracking", "none",
+                 "--run.record", str(tmp_path / "test.json")], root)
+    assert test.returncode == 0, test.stderr[-3000:]
+    assert json.loads((tmp_path / "test.json").read_text())["metrics"]["test/bpc"] > 0
+    wrong = _cli(["test", "-c", TINY, "--ckpt_path", str(ckpt), "--data.init_args.corpus", "embedded-text8",
+                  "--trainer.limit_test_batches", "1", "--run.tracking", "none"], root)
+    assert wrong.returncode != 0
+    assert "evaluate it on the corpus it was trained on" in wrong.stderr
+
+
+def test_unknown_config_key_is_an_error(root, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "-c", str(root / TINY), "--model.init_args.model.n_layers", "3", "--run.tracking", "none"])
+    assert "n_layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override,message", [
+    (["--model.init_args.memory", "{mem_len: -4}"], "mem_len must be ≥ 0"),
+    (["--model.init_args.eval_protocol", "{kind: sliding, window: 8}"], "evaluates without memory"),
+    (["--model.init_args.model.dropout", "1.5"], "dropout"),
+])
+def test_impossible_settings_are_refused(root, override, message, capsys):
+    with pytest.raises((SystemExit, ValueError)) as err:
+        main(["fit", "-c", str(root / TINY), *override, "--run.tracking", "none"])
+    text = str(err.value) + capsys.readouterr().err
+    assert message in text

@@ -1,0 +1,129 @@
+"""Transformer-XL: segment recurrence, adaptive softmax, tying, initialisation and parameter counts."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.memory import empty_memory, update_memory
+from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+
+SMALL = dict(n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=50, dropout=0.0, dropatt=0.0)
+
+
+def test_two_segments_with_memory_equal_one_full_context_pass():
+    model = TransformerXL(TransformerXLConfig(**SMALL)).eval()
+    tokens = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        full, _ = model(tokens, None, mem_len=0)
+        h1, mems = model(tokens[:, :6], None, mem_len=6)
+        h2, _ = model(tokens[:, 6:], mems, mem_len=6)
+    assert_close(h1, full[:, :6], rtol=1e-5, atol=1e-5)
+    assert_close(h2, full[:, 6:], rtol=1e-5, atol=1e-5)
+
+
+def test_three_segments_with_long_memory_equal_full_context():
+    model = TransformerXL(TransformerXLConfig(**SMALL)).eval()
+    tokens = torch.randint(0, 50, (1, 15))
+    with torch.no_grad():
+        full, _ = model(tokens, None, mem_len=0)
+        mems, outs = None, []
+        for s in range(3):
+            h, mems = model(tokens[:, 5 * s : 5 * s + 5], mems, mem_len=100)
+            outs.append(h)
+    assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_memory_is_truncated_detached_and_starts_empty():
+    a = torch.randn(2, 3, 4, requires_grad=True)
+    mem = update_memory(empty_memory(1, batch=2, d_model=4), [a * 2], mem_len=2)
+    assert mem[0].shape == (2, 2, 4) and not mem[0].requires_grad
+    assert_close(mem[0], (a * 2)[:, 1:].detach())
+    mem = update_memory(mem, [torch.ones(2, 1, 4)], mem_len=2)
+    assert_close(mem[0][:, 0], (a * 2)[:, 2].detach())
+    assert update_memory(mem, [torch.ones(2, 1, 4)], mem_len=0)[0].shape == (2, 0, 4)
+
+
+def test_first_segment_memory_is_empty_not_zeros():
+    """An empty first memory must differ from a memory of zeros (which the keys would attend to)."""
+    model = TransformerXL(TransformerXLConfig(**SMALL)).eval()
+    tokens = torch.randint(0, 50, (1, 5))
+    zeros = [torch.zeros(1, 4, 16) for _ in range(3)]
+    with torch.no_grad():
+        h_empty, _ = model(tokens, None, mem_len=4)
+        h_zero, _ = model(tokens, zeros, mem_len=4)
+    assert not torch.allclose(h_empty, h_zero)
+
+
+def test_adaptive_softmax_without_cutoffs_equals_full_softmax():
+    crit = ProjectedAdaptiveLogSoftmax(n_token=30, d_embed=8, d_proj=12)
+    torch.nn.init.normal_(crit.out_proj_0)
+    hidden, target = torch.randn(7, 12), torch.randint(0, 30, (7,))
+    logits = (hidden @ crit.out_proj_0) @ crit.out_layers[0].weight.T + crit.out_layers[0].bias
+    expect = -torch.log_softmax(logits, -1).gather(1, target[:, None]).squeeze(1)
+    assert_close(crit(hidden, target), expect)
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+def test_adaptive_softmax_with_cutoffs_normalises_and_scores_targets(div_val):
+    crit = ProjectedAdaptiveLogSoftmax(n_token=40, d_embed=8, d_proj=8, cutoffs=(10, 25), div_val=div_val)
+    for p in crit.parameters():
+        torch.nn.init.normal_(p, 0, 0.5)
+    hidden = torch.randn(64, 8)
+    logp = crit.log_prob(hidden)
+    assert_close(torch.logsumexp(logp, -1), torch.zeros(64), atol=1e-5, rtol=0)
+    target = torch.arange(64) % 40  # every cluster
+    assert_close(crit(hidden, target), -logp.gather(1, target[:, None]).squeeze(1), atol=1e-5, rtol=1e-5)
+
+
+def test_adaptive_softmax_by_hand():
+    """Two-level factorisation written out: p(w) = p_head(cluster) · p_cluster(w)."""
+    crit = ProjectedAdaptiveLogSoftmax(n_token=6, d_embed=4, d_proj=4, cutoffs=(3,), div_val=1)
+    for p in crit.parameters():
+        torch.nn.init.normal_(p)
+    h = torch.randn(1, 4)
+    w, b = crit.out_layers[0].weight, crit.out_layers[0].bias
+    head = torch.cat([h @ w[:3].T + b[:3], h @ crit.cluster_weight.T + crit.cluster_bias], -1).log_softmax(-1)
+    tail = (h @ w[3:].T + b[3:]).log_softmax(-1)
+    expect = torch.cat([head[:, :3], head[:, 3:4] + tail], -1)
+    assert_close(crit.log_prob(h), expect)
+
+
+def test_adaptive_embedding_scales_and_projects():
+    emb = AdaptiveEmbedding(n_token=20, d_embed=8, d_proj=6, cutoffs=(5, 12), div_val=2)
+    for p in emb.parameters():
+        torch.nn.init.normal_(p)
+    tok = torch.tensor([[0, 7, 19]])
+    out = emb(tok)
+    expect = torch.stack([
+        emb.emb_projs[0] @ emb.emb_layers[0].weight[0],
+        emb.emb_projs[1] @ emb.emb_layers[1].weight[7 - 5],
+        emb.emb_projs[2] @ emb.emb_layers[2].weight[19 - 12],
+    ]) * math.sqrt(6)
+    assert_close(out[0], expect)
+
+
+def test_tying_shares_embedding_and_projection_tensors():
+    cfg = TransformerXLConfig(**{**SMALL, "n_token": 40}, cutoffs=(10, 20), div_val=2, tie_projs=(False, True, True))
+    model = TransformerXL(cfg)
+    for out, emb in zip(model.crit.out_layers, model.word_emb.emb_layers):
+        assert out.weight is emb.weight
+    assert model.crit.out_projs[0] is not model.word_emb.emb_projs[0]
+    assert model.crit.out_projs[1] is model.word_emb.emb_projs[1]
+    assert model.crit.out_projs[2] is model.word_emb.emb_projs[2]
+
+
+def test_official_initialisation_statistics():
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(n_layer=2, d_model=256, n_head=4, d_head=64, d_inner=1024, n_token=3000,
+                              cutoffs=(1000,), div_val=2)
+    model = TransformerXL(cfg)
+    qkv = model.layers[0].attn.qkv_net.weight
+    assert abs(qkv.std().item() - 0.02) < 0.001 and abs(qkv.mean().item()) < 0.001
+    assert abs(model.word_emb.emb_projs[0].std().item() - 0.01) < 0.0005
+    ln = model.layers[0].attn_norm.weight
+    assert abs(ln.mean().item() - 1.0) < 0.01 and abs(ln.std().item() - 0.02) < 0.005
+    assert model.layers[0].ff.net[0].bias.abs().max() == 0
+    assert abs(model.r_w_bias.std().item() - 0.02) < 0.005
