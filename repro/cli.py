@@ -185,7 +185,7 @@ class ReproCLI(LightningCLI):
             "stage": stage,
             "metrics": metrics,
             "provenance": {
-                "steps": int(self.trainer.global_step),
+                "steps": max(int(self.trainer.global_step), int(getattr(self.model, "train_batches", torch.tensor(0)).item())),
                 "tokens_seen": int(getattr(self.model, "tokens_seen", torch.tensor(0)).item()),
                 "hardware": hardware(),
                 "precision": str(self.trainer.precision),

@@ -10,7 +10,7 @@ and a `supports_memory` flag. Everything else is written here once:
 - token-weighted NLL sums synced across ranks (`repro.metrics.TokenNLL`) → loss, ppl and bpc;
 - two evaluation protocols: `memory` (the Transformer-XL protocol, segments with carried memory under the
   evaluation lengths) and `sliding` (the vanilla model of Al-Rfou et al.: every token predicted from a fresh
-  window of the `window` tokens before it; the first window of a stream scores all its positions);
+  window of the `window` tokens that end at its input, or of all tokens so far near the start of a stream);
 - the reference optimiser: Adam, linear warm-up, cosine decay to `eta_min` over `trainer.max_steps`
   (gradient clipping at 0.25 is the Trainer's `gradient_clip_val`).
 """
@@ -124,7 +124,9 @@ class SegmentLM(L.LightningModule):
         self._mems: dict[str, list[torch.Tensor] | None] = {"train": None, "valid": None, "test": None}
         self._history: dict[str, torch.Tensor | None] = {"valid": None, "test": None}  # sliding protocol
         self.nll_metrics = torch.nn.ModuleDict({s: TokenNLL() for s in ("valid", "test")})
+        # training progress travels with the weights, so that a test run can cite what it evaluates
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=True)
+        self.register_buffer("train_batches", torch.zeros((), dtype=torch.int64), persistent=True)
         self.vocab_digest: str | None = None
 
     def build_model(self) -> torch.nn.Module:
@@ -149,9 +151,10 @@ class SegmentLM(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._mems["train"] = None
 
-    def forward(self, tokens_BT, mems, lengths: MemorySettings):
+    def forward(self, tokens_BT, mems, lengths: MemorySettings, *, kv_memory: bool = False):
+        extra = {"kv_memory": True} if kv_memory else {}
         return self.model(tokens_BT, mems, mem_len=lengths.mem_len, clamp_len=lengths.clamp_len,
-                          same_length=lengths.same_length)
+                          same_length=lengths.same_length, **extra)
 
     def training_step(self, batch, batch_idx):
         hidden, self._mems["train"] = self(batch.input, self._mems["train"], self.memory)
@@ -160,6 +163,7 @@ class SegmentLM(L.LightningModule):
         aux = self.extra_loss()
         total = loss + sum(aux.values()) if aux else loss
         self.tokens_seen += batch.target.numel() * self.trainer.world_size
+        self.train_batches += 1
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach()))
         self.log("train/bpc", loss.detach() / math.log(2))
@@ -187,7 +191,9 @@ class SegmentLM(L.LightningModule):
         if self.eval_protocol.kind == "sliding":
             nll = self._sliding_nll(split, batch.input, batch.target)
         else:
-            hidden, self._mems[split] = self(batch.input, self._mems[split], self.eval_memory)
+            # evaluation memories keep keys and values where the model can (same numbers, far less work)
+            kv = getattr(self.model, "supports_kv_memory", False) and not torch.is_grad_enabled()
+            hidden, self._mems[split] = self(batch.input, self._mems[split], self.eval_memory, kv_memory=kv)
             nll = self.model.nll(hidden, batch.target)
         self.nll_metrics[split].update(nll)
 
@@ -228,11 +234,10 @@ class SegmentLM(L.LightningModule):
         h = seq.shape[1] - t
         nll = torch.empty(b, t, dtype=torch.float32, device=inp_BT.device)
         done = 0
-        if h < w - 1:  # `seq` still starts at the stream's first token: score from the stream's first window
-            first = min(w, h + t)
-            hidden, _ = self(seq[:, :first], None, MemorySettings())
-            done = first - h
-            nll[:, :done] = self.model.nll(hidden[:, h:first], tgt_BT[:, :done])
+        while h + done < w - 1 and done < t:  # near the stream's start the window is the whole prefix
+            hidden, _ = self(seq[:, : h + done + 1], None, MemorySettings())
+            nll[:, done] = self.model.nll(hidden[:, -1:], tgt_BT[:, done : done + 1]).squeeze(1)
+            done += 1
         if done < t:
             # windows ending at segment positions done..t-1, i.e. seq[:, h+j-w+1 : h+j+1]
             windows = seq.unfold(1, w, 1)[:, h + done - w + 1 : h + t - w + 1]  # (B, n, w)

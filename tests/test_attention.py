@@ -38,10 +38,11 @@ def test_same_length_gives_every_query_mem_len_keys():
     assert (~mask).sum(1).tolist() == [8] * 5
 
 
-def test_rel_shift_reindexes_by_distance():
+@pytest.mark.parametrize("grad", [False, True])
+def test_rel_shift_reindexes_by_distance(grad):
     t, k = 4, 7
     m = k - t
-    raw = torch.randn(2, 3, t, k)  # column c holds distance k-1-c
+    raw = torch.randn(2, 3, t, k, requires_grad=grad)  # column c holds distance k-1-c
     out = rel_shift(raw)
     for i in range(t):
         for j in range(m + i + 1):
@@ -97,7 +98,8 @@ def test_relative_attention_equals_naive_loop(mem, same_length, clamp):
     u, v = torch.randn(nh, e), torch.randn(nh, e)
     mem_len = 6
     mask = causal_mask(t, k_len, same_length=same_length, mem_len=mem_len)
-    fast = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
+    fast, kv = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
+    assert kv.shape == (2, b, nh, mem + t, e)
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=mem_len)
     assert_close(fast, slow, rtol=1e-5, atol=1e-5)
 
@@ -112,7 +114,7 @@ def test_absolute_attention_equals_softmax_reference():
     attn = AbsoluteAttention(d_model=d, n_head=nh, d_head=e, dropatt=0.0).eval()
     h, memory = torch.randn(b, t, d), torch.randn(b, mem, d)
     mask = causal_mask(t, t + mem)
-    out = attn(h, mem_BMD=memory, mask_TK=mask)
+    out, _ = attn(h, mem_BMD=memory, mask_TK=mask)
     cat = torch.cat([memory, h], 1)
     w = attn.qkv_net.weight
     q = (h @ w[:8].T).view(b, t, nh, e).transpose(1, 2)

@@ -36,6 +36,22 @@ def test_three_segments_with_long_memory_equal_full_context():
     assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("same_length,clamp", [(False, -1), (True, 5)])
+def test_key_value_memory_gives_the_same_outputs_as_hidden_state_memory(same_length, clamp):
+    model = TransformerXL(TransformerXLConfig(**SMALL)).eval()
+    tokens = torch.randint(0, 50, (2, 20))
+    a = b = None
+    with torch.no_grad():
+        for s in range(5):
+            seg = tokens[:, 4 * s : 4 * s + 4]
+            ha, a = model(seg, a, mem_len=7, same_length=same_length, clamp_len=clamp)
+            hb, b = model(seg, b, mem_len=7, same_length=same_length, clamp_len=clamp, kv_memory=True)
+            assert_close(ha, hb, rtol=1e-5, atol=1e-5)
+    assert b[0].shape == (2, 2, 2, 7, 8)  # (k|v, B, H, mem_len, E)
+    with pytest.raises(ValueError, match="for evaluation"):
+        model.train()(tokens[:, :4], None, mem_len=4, kv_memory=True)
+
+
 def test_memory_is_truncated_detached_and_starts_empty():
     a = torch.randn(2, 3, 4, requires_grad=True)
     mem = update_memory(empty_memory(1, batch=2, d_model=4), [a * 2], mem_len=2)

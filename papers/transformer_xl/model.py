@@ -93,19 +93,26 @@ class DecoderLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.pre_lnorm = cfg.pre_lnorm
 
-    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos):
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
+        """(output, keys/values of [memory; segment]) — see `repro.nn.attention`."""
         if self.pre_lnorm:
-            mem = self.attn_norm(mem_BMD) if mem_BMD.shape[1] else mem_BMD
-            h = h_BTD + self.drop(self.attn(self.attn_norm(h_BTD), mem_BMD=mem, mask_TK=mask_TK, pos=pos))
-            return h + self.ff(self.ff_norm(h))
-        h = self.attn_norm(h_BTD + self.drop(self.attn(h_BTD, mem_BMD=mem_BMD, mask_TK=mask_TK, pos=pos)))
-        return self.ff_norm(h + self.ff(h))
+            mem = self.attn_norm(mem_BMD) if mem_BMD is not None and mem_BMD.shape[1] else mem_BMD
+            a, kv = self.attn(self.attn_norm(h_BTD), mem_BMD=mem, mask_TK=mask_TK, pos=pos, kv_mem=kv_mem)
+            h = h_BTD + self.drop(a)
+            return h + self.ff(self.ff_norm(h)), kv
+        a, kv = self.attn(h_BTD, mem_BMD=mem_BMD, mask_TK=mask_TK, pos=pos, kv_mem=kv_mem)
+        h = self.attn_norm(h_BTD + self.drop(a))
+        return self.ff_norm(h + self.ff(h)), kv
 
 
 class TransformerXL(nn.Module):
     """`forward(tokens, mems, mem_len=…) -> (hidden, new_mems)`; `nll(hidden, target)` scores it."""
 
     supports_memory = True
+
+    @property
+    def supports_kv_memory(self) -> bool:
+        return self.cfg.attention == "relative"
 
     def __init__(self, cfg: TransformerXLConfig):
         super().__init__()
@@ -168,18 +175,26 @@ class TransformerXL(nn.Module):
     def forward(
         self,
         tokens_BT: torch.Tensor,
-        mems: list[torch.Tensor],
+        mems: list[torch.Tensor] | None,
         *,
         mem_len: int,
         clamp_len: int = -1,
         same_length: bool = False,
+        kv_memory: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the segment (B, T, D) and the next memory (one (B, ≤mem_len, D) per layer)."""
+        """Hidden states of the segment (B, T, D) and the next memory (one (B, ≤mem_len, ·) per layer).
+
+        The memory holds each layer's input hidden states (Transformer-XL's h̃). With `kv_memory` (evaluation,
+        relative attention only) it holds each layer's keys and values instead, computed once per position: the
+        same outputs without re-projecting the whole memory at every segment."""
+        if kv_memory and (self.training or torch.is_grad_enabled() or self.cfg.attention != "relative"):
+            raise ValueError("a key/value memory is for evaluation of relative attention, without gradients")
         b, t = tokens_BT.shape
         emb = self.word_emb(tokens_BT)
         if not mems:
-            mems = [emb.new_empty(b, 0, self.cfg.d_model) for _ in self.layers]
-        m = mems[0].shape[1]
+            shape = (2, b, self.cfg.n_head, 0, self.cfg.d_head) if kv_memory else (b, 0, self.cfg.d_model)
+            mems = [emb.new_empty(shape) for _ in self.layers]
+        m = mems[0].shape[3] if kv_memory else mems[0].shape[1]
         k = m + t
         mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=emb.device)
         pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
@@ -193,11 +208,15 @@ class TransformerXL(nn.Module):
             pos = None
             if m:
                 layer_mems = [mems[0] + pos_KD[:m], *mems[1:]]
-        hids = []
+        new = []
         for layer, mem in zip(self.layers, layer_mems):
-            hids.append(h)
-            h = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
-        new_mems = update_memory(mems, hids, mem_len=mem_len)
+            if kv_memory:
+                h, kv = layer(h, mem_BMD=None, mask_TK=mask_TK, pos=pos, kv_mem=mem)
+                new.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
+            else:
+                new.append(h)
+                h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
+        new_mems = new if kv_memory else update_memory(mems, new, mem_len=mem_len)
         return self.drop(h), new_mems
 
     def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:

@@ -111,7 +111,7 @@ def enwik8_splits(data: bytes) -> dict[str, bytes]:
 def _enwik8(raw: Path, *, drop_newlines: bool) -> Built:
     from repro.data import sources
 
-    parts = enwik8_splits(sources.enwik8_bytes(raw))
+    parts = enwik8_splits(sources.enwik8_bytes(raw.parent / "enwik8"))  # one download for both variants
     if drop_newlines:
         parts = {s: p.replace(b"\n", b"") for s, p in parts.items()}
     return _build_char(parts, {"source": "enwik8.zip", "newlines": "dropped" if drop_newlines else "kept"})

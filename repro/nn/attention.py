@@ -3,8 +3,9 @@
 Layout legend for this file: B batch, H heads, T query (current segment) length, M memory length, K = M + T key
 length, D model width, E = per-head width. Tensors are batch-first; suffixes give their layout (`q_BHTE`).
 
-Two attentions share one interface, `forward(h_BTD, *, mem_BMD, mask_TK, pos) -> (B, T, D)`, and differ only in
-the scores:
+Two attentions share one interface, `forward(h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None) -> (out_BTD,
+kv_2BHKE)` (the output, and the keys/values of [memory; segment], which an evaluation memory can keep), and
+differ only in the scores:
 - `RelPartialLearnableAttention`: Transformer-XL's relative attention (Dai et al. 2019, §3.3, App. B),
   score(i, j) = q_i·k_j + q_i·W_kR R_{i-j} + u·k_j + v·W_kR R_{i-j}, the last two with learned u, v per head.
 - `AbsoluteAttention`: the standard attention of Vaswani et al. (positions added to the input), with the memory
@@ -39,8 +40,13 @@ def rel_shift(x_BHTK: torch.Tensor) -> torch.Tensor:
 
     The shift trick of App. B: pad one zero column on the left, view the (T, K+1) block as (K+1, T), drop its
     first row and view the rest as (T, K). Entries with j > M + i (future keys) hold garbage and must be masked.
+    Without autograd the same re-indexing is a strided view of the input (row i starts T−1−i elements later),
+    which copies nothing; with autograd the padded form is kept because its backward is faster.
     """
     *lead, t, k = x_BHTK.shape
+    if not x_BHTK.requires_grad:
+        x = x_BHTK.contiguous()
+        return x.as_strided((*lead, t, k), (*x.stride()[:-2], k - 1, 1), x.storage_offset() + t - 1)
     padded = F.pad(x_BHTK, (1, 0))  # (…, T, K+1)
     return padded.view(*lead, k + 1, t)[..., 1:, :].reshape(*lead, t, k)
 
@@ -71,11 +77,12 @@ def attend(
     score_bias_BHTK: torch.Tensor | None = None,
     dropatt: nn.Dropout,
 ) -> torch.Tensor:
-    """softmax((q·kᵀ + bias) / √E, masked) · v → (B, H, T, E)."""
+    """softmax(q·kᵀ + bias, masked) · v → (B, H, T, E). The caller scales q (and the bias) by 1/√E: scaling the
+    (B, H, T, E) queries is cheaper than scaling the (B, H, T, K) scores."""
     scores = q_BHTE @ k_BHKE.transpose(-1, -2)
     if score_bias_BHTK is not None:
-        scores = scores + score_bias_BHTK
-    scores = (scores * (1.0 / math.sqrt(q_BHTE.shape[-1]))).masked_fill(mask_TK, float("-inf"))
+        scores = scores.add_(score_bias_BHTK)
+    scores = scores.masked_fill_(mask_TK, float("-inf"))
     prob = dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
     return prob.to(v_BHKE.dtype) @ v_BHKE
 
@@ -88,18 +95,30 @@ class _MemoryAttention(nn.Module):
     def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float):
         super().__init__()
         self.n_head, self.d_head = n_head, d_head
+        self.scale = 1.0 / math.sqrt(d_head)
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.dropatt = nn.Dropout(dropatt)
 
-    def project(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None):
+    def project(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None, kv_mem: torch.Tensor | None = None):
+        """q (B,H,T,E); kv (2,B,H,K,E) = keys and values of [memory; segment], contiguous per head.
+
+        With `kv_mem` (2,B,H,M,E) (evaluation only: the weights must not change between segments) the memory's
+        keys and values are reused as computed when those positions were the current segment, instead of being
+        projected again from the memory's hidden states: the same numbers at a fraction of the cost when the
+        memory is much longer than the segment (Transformer-XL's evaluation uses 2100 or 3800 positions). The
+        returned kv then serves as the next memory (the caller keeps its last mem_len positions)."""
         b, t, _ = h_BTD.shape
         he = self.n_head * self.d_head
         w = self.qkv_net.weight
-        cat_BKD = h_BTD if mem_BMD is None or mem_BMD.shape[1] == 0 else torch.cat([mem_BMD, h_BTD], dim=1)
-        q_BTHE = F.linear(h_BTD, w[:he]).view(b, t, self.n_head, self.d_head)
-        kv = F.linear(cat_BKD, w[he:]).view(b, cat_BKD.shape[1], 2, self.n_head, self.d_head)
-        return q_BTHE, kv[:, :, 0], kv[:, :, 1]  # (B,T,H,E), (B,K,H,E), (B,K,H,E)
+        q_BHTE = F.linear(h_BTD, w[:he]).view(b, t, self.n_head, self.d_head).transpose(1, 2)
+        src = h_BTD
+        if kv_mem is None and mem_BMD is not None and mem_BMD.shape[1]:
+            src = torch.cat([mem_BMD, h_BTD], dim=1)
+        kv = F.linear(src, w[he:]).view(b, src.shape[1], 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        if kv_mem is not None and kv_mem.shape[3]:
+            kv = torch.cat([kv_mem.to(kv.dtype), kv], dim=3)
+        return q_BHTE, kv.contiguous()
 
     def output(self, out_BHTE: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = out_BHTE.shape
@@ -114,25 +133,23 @@ class RelPartialLearnableAttention(_MemoryAttention):
         super().__init__(d_model=d_model, n_head=n_head, d_head=d_head, dropatt=dropatt)
         self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)  # W_kR
 
-    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos):
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         r_KD, u_HE, v_HE = pos
-        q_BTHE, k_BKHE, v_BKHE = self.project(h_BTD, mem_BMD)
+        q_BHTE, kv = self.project(h_BTD, mem_BMD, kv_mem)
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        q_BHTE = q_BTHE.transpose(1, 2)
-        bd_BHTK = rel_shift((q_BHTE + v_HE[:, None]) @ r_HEK)  # terms (b) + (d)
-        out = attend(q_BHTE + u_HE[:, None], k_BKHE.transpose(1, 2), v_BKHE.transpose(1, 2),  # (a) + (c)
+        bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)  # terms (b) + (d)
+        out = attend((q_BHTE + u_HE[:, None]) * self.scale, kv[0], kv[1],  # terms (a) + (c)
                      mask_TK=mask_TK, score_bias_BHTK=bd_BHTK, dropatt=self.dropatt)
-        return self.output(out)
+        return self.output(out), kv
 
 
 class AbsoluteAttention(_MemoryAttention):
     """Vaswani et al. attention over [memory; segment]; positions enter through the input, `pos` is unused."""
 
-    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos=None):
-        q_BTHE, k_BKHE, v_BKHE = self.project(h_BTD, mem_BMD)
-        out = attend(q_BTHE.transpose(1, 2), k_BKHE.transpose(1, 2), v_BKHE.transpose(1, 2),
-                     mask_TK=mask_TK, dropatt=self.dropatt)
-        return self.output(out)
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos=None, kv_mem=None):
+        q_BHTE, kv = self.project(h_BTD, mem_BMD, kv_mem)
+        out = attend(q_BHTE * self.scale, kv[0], kv[1], mask_TK=mask_TK, dropatt=self.dropatt)
+        return self.output(out), kv
 
 
 class PositionwiseFF(nn.Module):

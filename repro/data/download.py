@@ -1,0 +1,345 @@
+"""Downloads that resume, verify and fail with instructions; single members out of zip archives.
+
+`download` fetches a URL (or the first of several mirrors that answers) into `<dest>.part`, resuming an
+interrupted transfer with an HTTP `Range: bytes=N-` request (RFC 9110 §14: a server that honours it answers
+206 Partial Content with a `Content-Range`, one that does not answers 200 with the whole file), checks the
+SHA-256 and size, and only then renames the file onto `dest` (`os.replace`, atomic on POSIX), so `dest` is
+either absent or complete. When no checksum is published for a file, `record_sha256=True` stores the one
+computed at the first download in a sidecar `<dest>.sha256` (the `sha256sum` format, so
+`sha256sum -c <dest>.sha256` works too) and every later use is verified against it: that detects a file
+damaged after it was fetched, not one that was wrong upstream.
+
+When the network is unreachable the error says which URLs were tried, why each failed, and where to put the
+file by hand; a file placed there is used without any network access.
+
+Standard library only (urllib.request, hashlib, zipfile).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from repro.io import atomic_path, atomic_write_text
+
+CHUNK = 1 << 20
+PROGRESS_EVERY_S = 3.0
+USER_AGENT = "repro-memory-transformers/0.1 (python-urllib)"
+
+# What a failed transfer can raise: HTTPError and URLError (refused, DNS, TLS), socket timeouts and resets
+# (OSError), truncated or malformed responses (http.client.HTTPException). Local disk errors are re-raised as
+# _LocalWriteError first so that a full disk is not reported as "offline".
+_NETWORK_ERRORS = (urllib.error.URLError, http.client.HTTPException, OSError)
+
+
+class DownloadError(RuntimeError):
+    """No URL could be fetched: the machine is offline or every mirror is unreachable."""
+
+
+class ChecksumError(RuntimeError):
+    """A file's SHA-256 differs from the published or recorded one."""
+
+
+class ArchiveError(RuntimeError):
+    """A zip archive is corrupt, or lacks the member asked for."""
+
+
+class _LocalWriteError(RuntimeError):
+    pass
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sidecar_path(dest: str | os.PathLike) -> Path:
+    dest = Path(dest)
+    return dest.with_name(dest.name + ".sha256")
+
+
+def part_path(dest: str | os.PathLike) -> Path:
+    dest = Path(dest)
+    return dest.with_name(dest.name + ".part")
+
+
+def read_sidecar(dest: str | os.PathLike) -> str | None:
+    """The SHA-256 recorded for `dest`, or None when none was recorded."""
+    path = sidecar_path(dest)
+    try:
+        text = path.read_text(encoding="utf-8").split()
+    except FileNotFoundError:
+        return None
+    if not text or len(text[0]) != 64:
+        raise ChecksumError(f"{path} is not a sha256 sidecar (expected '<64 hex digits>  <name>'); delete it "
+                            f"and {Path(dest).name} will be verified afresh")
+    return text[0].lower()
+
+
+def _write_sidecar(dest: Path, digest: str) -> None:
+    atomic_write_text(sidecar_path(dest), f"{digest}  {dest.name}\n")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def download(
+    url: str | Sequence[str],
+    dest: str | os.PathLike,
+    *,
+    sha256: str | None,
+    size: int | None = None,
+    timeout: float = 60,
+    record_sha256: bool = False,
+) -> Path:
+    """Fetch `url` (or the first working mirror of a list) to `dest`, verified, and return `dest`.
+
+    Args:
+        url: a URL, or mirrors tried in order.
+        dest: where the file goes; its folder is created.
+        sha256: the published checksum, or None when none is known.
+        size: the expected size in bytes, if known.
+        timeout: seconds without an answer (connect or read) before a mirror counts as unreachable.
+        record_sha256: with `sha256=None`, record the checksum of the first download in `<dest>.sha256` and
+            verify against it on every later call.
+
+    A `dest` already present is verified and returned without any network access. An interrupted transfer
+    leaves `<dest>.part`; the next call resumes it.
+    """
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("download() needs at least one URL")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    expected, origin = _expected_sha256(dest, sha256=sha256, record=record_sha256)
+
+    if dest.exists():
+        _verify_existing(dest, expected=expected, origin=origin, size=size, record=record_sha256)
+        return dest
+
+    part = part_path(dest)
+    errors: list[tuple[str, BaseException]] = []
+    for u in urls:
+        try:
+            _fetch(u, part, timeout=timeout, size=size)
+        except _LocalWriteError as err:
+            raise RuntimeError(f"could not write {part}: {err.__cause__}; free disk space or fix the "
+                               "permissions and run again (the partial download is kept and resumes)") from err
+        except _NETWORK_ERRORS as err:
+            if isinstance(err, urllib.error.HTTPError):
+                err.close()  # it holds the error page's socket open
+            errors.append((u, err))
+            continue
+        _finish(u, part, dest, expected=expected, origin=origin, size=size, record=record_sha256)
+        return dest
+    raise DownloadError(_offline_message(dest, errors, expected=expected, origin=origin, record=record_sha256))
+
+
+def _expected_sha256(dest: Path, *, sha256: str | None, record: bool) -> tuple[str | None, str]:
+    if sha256 is not None:
+        return sha256.lower(), "published"
+    if record:
+        recorded = read_sidecar(dest)
+        if recorded is not None:
+            return recorded, "recorded"
+    return None, "none"
+
+
+def _mismatch(what: str, *, expected: str, actual: str, origin: str) -> str:
+    if origin == "recorded":
+        return (f"{what} has sha256 {actual}, but {expected} was recorded when it was first downloaded "
+                f"(not a published checksum): the file changed since")
+    return f"{what} has sha256 {actual}, expected {expected}"
+
+
+def _verify_existing(dest: Path, *, expected: str | None, origin: str, size: int | None, record: bool) -> None:
+    if size is not None and (actual_size := dest.stat().st_size) != size:
+        raise ChecksumError(f"{dest} has {actual_size:,} bytes, expected {size:,}; delete it and run again to "
+                            "download it afresh")
+    if expected is None and not record:
+        return
+    actual = sha256_file(dest)
+    if expected is None:  # placed by hand: nothing to check against yet, so remember it from now on
+        _write_sidecar(dest, actual)
+        _say(f"recorded sha256 {actual} of {dest} in {sidecar_path(dest)} (computed from the file as found, "
+             "not verified against a published value; later runs verify against it)")
+        return
+    if actual != expected:
+        extra = f" (and its recorded checksum {sidecar_path(dest)})" if origin == "recorded" else ""
+        raise ChecksumError(f"{_mismatch(str(dest), expected=expected, actual=actual, origin=origin)}. "
+                            f"Delete {dest}{extra} and run again to download it afresh.")
+
+
+def _open(url: str, *, start: int, timeout: float):
+    headers = {"User-Agent": USER_AGENT}
+    if start:
+        headers["Range"] = f"bytes={start}-"
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+
+
+def _range_start(content_range: str | None) -> int | None:
+    # "bytes 100-999/1000" → 100
+    try:
+        unit, spec = content_range.split(" ", 1)
+        return int(spec.split("-", 1)[0]) if unit.lower() == "bytes" else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _fetch(url: str, part: Path, *, timeout: float, size: int | None) -> None:
+    """Bring `part` up to the complete file from `url`, resuming what it holds."""
+    start = part.stat().st_size if part.exists() else 0
+    if size is not None and start > size:  # not a prefix of the file we want
+        start = 0
+    try:
+        resp = _open(url, start=start, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        if err.code != 416 or not start:
+            raise
+        # Range Not Satisfiable: the partial file is no prefix of this one (or already whole, which cannot be
+        # told apart without a checksum); start over.
+        err.close()
+        start = 0
+        resp = _open(url, start=0, timeout=timeout)
+    status = resp.status or 200  # file:// URLs have no status
+    if start and status == 206 and _range_start(resp.headers.get("Content-Range")) != start:
+        resp.close()  # a part of the file we did not ask for: take the whole file instead
+        start = 0
+        resp = _open(url, start=0, timeout=timeout)
+    elif start and status != 206:
+        start = 0  # the server ignored Range and sends the whole file: restart from zero
+    with resp:
+        length = resp.headers.get("Content-Length")
+        remaining = int(length) if length and length.isdigit() else None
+        total = start + remaining if remaining is not None else size
+        if start:
+            _say(f"resuming {url} at {_human(start)}")
+        else:
+            _say(f"downloading {url}" + (f" ({_human(total)})" if total else ""))
+        try:
+            out = open(part, "ab" if start else "wb")
+        except OSError as err:
+            raise _LocalWriteError(str(err)) from err
+        got = start
+        shown = time.monotonic()
+        tty = sys.stderr.isatty()
+        with out:
+            while True:
+                block = resp.read(CHUNK)
+                if not block:
+                    break
+                try:
+                    out.write(block)
+                except OSError as err:
+                    raise _LocalWriteError(str(err)) from err
+                got += len(block)
+                if tty and time.monotonic() - shown >= PROGRESS_EVERY_S:
+                    shown = time.monotonic()
+                    _say(f"  {_human(got)} / {_human(total)}" if total else f"  {_human(got)}")
+        # HTTPResponse.read(n) returns b"" when the connection drops early instead of raising: compare with
+        # the announced length ourselves.
+        if remaining is not None and got - start < remaining:
+            raise http.client.IncompleteRead(b"", remaining - (got - start))
+
+
+def _finish(url: str, part: Path, dest: Path, *, expected: str | None, origin: str, size: int | None,
+            record: bool) -> None:
+    actual_size = part.stat().st_size
+    if size is not None and actual_size != size:
+        part.unlink()
+        raise ChecksumError(f"{url} gave {actual_size:,} bytes, expected {size:,}; the partial file was deleted. "
+                            "Run again to retry, or use another mirror.")
+    actual = sha256_file(part)
+    if expected is not None and actual != expected:
+        part.unlink()
+        hint = (f" If the file was legitimately updated upstream, delete {sidecar_path(dest)} as well."
+                if origin == "recorded" else "")
+        raise ChecksumError(f"{_mismatch(url, expected=expected, actual=actual, origin=origin)}; the download "
+                            f"was deleted. Run again to retry, or fetch the file by hand to {dest}.{hint}")
+    os.replace(part, dest)
+    if record and expected is None:
+        _write_sidecar(dest, actual)
+        _say(f"recorded sha256 {actual} of {dest.name} in {sidecar_path(dest)} (computed from this download, not "
+             "verified against a published value; later runs verify against it)")
+
+
+def _offline_message(dest: Path, errors: list[tuple[str, BaseException]], *, expected: str | None,
+                     origin: str, record: bool) -> str:
+    tried = "\n".join(f"  {u}: {type(e).__name__}: {e}" for u, e in errors)
+    if origin == "published":
+        must = f"It must have sha256 {expected}."
+    elif origin == "recorded":
+        must = f"It must have sha256 {expected} (recorded in {sidecar_path(dest)} at an earlier download)."
+    else:
+        must = "No published sha256 is known for it" + ("; its sha256 is recorded at first use." if record else ".")
+    part = part_path(dest)
+    kept = (f"\nThe partial download ({part.stat().st_size:,} bytes) is kept in {part}; running again resumes it."
+            if part.exists() else "")
+    return (f"could not download {dest.name}: this machine seems to be offline, or the URLs are unreachable.\n"
+            f"Tried:\n{tried}\n"
+            f"To go on without network, fetch the file elsewhere and place it by hand at:\n  {dest.resolve()}\n"
+            f"{must}{kept}")
+
+
+# ---------------------------------------------------------------------------------------------- zip files
+
+
+def _corrupt(zip_path: Path, err: BaseException) -> ArchiveError:
+    return ArchiveError(f"{zip_path} is not a readable zip archive ({type(err).__name__}: {err}); it is probably "
+                        f"a truncated or damaged download: delete it (and {sidecar_path(zip_path).name} if "
+                        "present) and run again to download it afresh")
+
+
+def _member_info(zf: zipfile.ZipFile, zip_path: Path, member: str) -> zipfile.ZipInfo:
+    try:
+        return zf.getinfo(member)
+    except KeyError:
+        names = zf.namelist()
+        shown = ", ".join(names[:20]) + (f", … ({len(names)} in all)" if len(names) > 20 else "")
+        raise ArchiveError(f"{zip_path} has no member {member!r}; it has: {shown or '(nothing)'}. "
+                           "Is it the right archive?") from None
+
+
+def extract_member(zip_path: str | os.PathLike, member: str, dest: str | os.PathLike) -> Path:
+    """Write one member of `zip_path` to `dest`, atomically (a failed extraction leaves no `dest`)."""
+    zip_path, dest = Path(zip_path), Path(dest)
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            info = _member_info(zf, zip_path, member)
+            with atomic_path(dest) as tmp, zf.open(info) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, CHUNK)  # zipfile checks the CRC-32 at the member's end
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise _corrupt(zip_path, err) from err
+    return dest
+
+
+def read_member(zip_path: str | os.PathLike, member: str) -> bytes:
+    """The bytes of one member of `zip_path`, with the errors of `extract_member`."""
+    zip_path = Path(zip_path)
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            return zf.read(_member_info(zf, zip_path, member))
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise _corrupt(zip_path, err) from err

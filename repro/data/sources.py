@@ -1,0 +1,169 @@
+"""The raw sources of the paper corpora: WikiText-103 (tokenized v1), enwik8 and text8.
+
+Sources (the project's reference notes):
+- WikiText-103 v1 (Merity et al., 2016, "Pointer Sentinel Mixture Models"): `wikitext-103-v1.zip`, members
+  `wikitext-103/wiki.{train,valid,test}.tokens`. The original link
+  https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip answers 403 nowadays; the
+  mirror https://wikitext.smerity.com/wikitext-103-v1.zip serves the same archive. When neither answers, the
+  Hugging Face dataset `Salesforce/wikitext` (config `wikitext-103-v1`, parquet, one row per line) is read
+  through the `datasets` library and written back as the three `.tokens` files.
+- enwik8 (the Hutter Prize corpus, the first 10^8 bytes of an English Wikipedia XML dump):
+  http://mattmahoney.net/dc/enwik8.zip, member `enwik8`.
+- text8 (enwik9 reduced to a-z and space by Matt Mahoney's `wikifil.pl`, first 10^8 characters):
+  http://mattmahoney.net/dc/text8.zip, member `text8`.
+
+Each archive lands in `raw_dir` (e.g. `data/raw/<corpus>/`); an archive placed there by hand is used without
+network access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from repro.data.download import (
+    DownloadError,
+    download,
+    extract_member,
+    read_member,
+    read_sidecar,
+    sha256_file,
+)
+from repro.io import atomic_path, atomic_write_json
+
+# SHA-256 of the archives, to be filled in from a first verified download. Until then (None) the checksum
+# computed at the first download is recorded in `<archive>.sha256` and every later use is verified against
+# it, which catches a file damaged after download, not one that was wrong when fetched. Never fill in a value
+# that was not computed from a real download.
+KNOWN_SHA256: dict[str, str | None] = {
+    "wikitext-103-v1.zip": None,
+    "enwik8.zip": None,
+    "text8.zip": None,
+}
+
+# The working mirror first: the S3 original answers 403 but is kept in case it comes back.
+WIKITEXT103_URLS = (
+    "https://wikitext.smerity.com/wikitext-103-v1.zip",
+    "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
+)
+ENWIK8_URLS = ("http://mattmahoney.net/dc/enwik8.zip",)
+TEXT8_URLS = ("http://mattmahoney.net/dc/text8.zip",)
+
+WIKITEXT103_HF = ("Salesforce/wikitext", "wikitext-103-v1")
+SPLITS = ("train", "valid", "test")
+HUTTER_SIZE = 100_000_000
+
+# Written beside the extracted .tokens files once all three are complete: where they came from and their sizes,
+# so a later call knows they match the archive without extracting again.
+_STAMP = ".extracted.json"
+
+
+def _fetch_archive(raw_dir: Path, name: str, urls: Sequence[str] | None, default: Sequence[str], *,
+                   timeout: float) -> Path:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    return download(list(urls) if urls is not None else list(default), raw_dir / name,
+                    sha256=KNOWN_SHA256.get(name), record_sha256=True, timeout=timeout)
+
+
+def _read_stamp(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / _STAMP).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _stamp_matches(stamp: dict | None, files: dict[str, Path], *, source: str | None = None) -> bool:
+    if stamp is None or (source is not None and stamp.get("source") != source):
+        return False
+    sizes = stamp.get("sizes", {})
+    return all(p.exists() and p.stat().st_size == sizes.get(s) for s, p in files.items())
+
+
+def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None,
+                      hf_fallback: bool = True, timeout: float = 60) -> dict[str, Path]:
+    """Paths of `wiki.{train,valid,test}.tokens` under `raw_dir/wikitext-103/`, downloaded and extracted if needed.
+
+    Args:
+        raw_dir: folder for the archive and the extracted files (created).
+        urls: mirrors of `wikitext-103-v1.zip` to try instead of the default ones.
+        hf_fallback: when every mirror fails, read Hugging Face `Salesforce/wikitext` with `datasets`.
+        timeout: seconds without an answer before a mirror counts as unreachable.
+    """
+    raw_dir = Path(raw_dir)
+    folder = raw_dir / "wikitext-103"
+    files = {s: folder / f"wiki.{s}.tokens" for s in SPLITS}
+    zip_path = raw_dir / "wikitext-103-v1.zip"
+    stamp = _read_stamp(folder)
+
+    # Extracted earlier and the archive since removed (or the files came from Hugging Face): nothing to fetch.
+    if not zip_path.exists() and _stamp_matches(stamp, files):
+        return files
+    try:
+        zip_path = _fetch_archive(raw_dir, zip_path.name, urls, WIKITEXT103_URLS, timeout=timeout)
+    except DownloadError as err:
+        if not hf_fallback:
+            raise
+        try:
+            _wikitext103_from_hf(files)
+        except Exception as hf_err:  # no `datasets`, no network to the Hub, or a changed dataset layout
+            raise DownloadError(f"{err}\nThe Hugging Face fallback ({'/'.join(WIKITEXT103_HF)}) failed too: "
+                                f"{type(hf_err).__name__}: {hf_err}") from err
+        return files
+
+    # download() verified the archive against its published or recorded checksum.
+    digest = KNOWN_SHA256.get(zip_path.name) or read_sidecar(zip_path) or sha256_file(zip_path)
+    if _stamp_matches(stamp, files, source=f"{zip_path.name} sha256:{digest}"):
+        return files
+    (folder / _STAMP).unlink(missing_ok=True)  # the files are about to change: invalid until all three are done
+    for s, path in files.items():
+        extract_member(zip_path, f"wikitext-103/{path.name}", path)
+    atomic_write_json(folder / _STAMP, {"source": f"{zip_path.name} sha256:{digest}",
+                                         "sizes": {s: p.stat().st_size for s, p in files.items()}})
+    return files
+
+
+def _hf_rows(split: str) -> Iterable[str]:
+    import datasets  # optional: only needed when every zip mirror is unreachable
+
+    ds = datasets.load_dataset(*WIKITEXT103_HF, split=split)
+    for batch in ds.iter(batch_size=10_000):
+        yield from batch["text"]
+
+
+def _wikitext103_from_hf(files: dict[str, Path]) -> None:
+    folder = next(iter(files.values())).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / _STAMP).unlink(missing_ok=True)
+    hf_split = {"train": "train", "valid": "validation", "test": "test"}
+    for s, path in files.items():
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            # Each row is one line of the .tokens file with its newline; blank lines are "" (the file has " "),
+            # which tokenizes identically.
+            for text in _hf_rows(hf_split[s]):
+                out.write(text if text.endswith("\n") else text + "\n")
+    atomic_write_json(folder / _STAMP, {"source": "hf:" + "/".join(WIKITEXT103_HF),
+                                         "sizes": {s: p.stat().st_size for s, p in files.items()}})
+
+
+def _hutter_bytes(raw_dir: str | os.PathLike, name: str, default_urls: Sequence[str], *,
+                  urls: Sequence[str] | None, expected_size: int, timeout: float) -> bytes:
+    zip_path = _fetch_archive(Path(raw_dir), f"{name}.zip", urls, default_urls, timeout=timeout)
+    data = read_member(zip_path, name)
+    if len(data) != expected_size:
+        raise ValueError(f"{name} in {zip_path} has {len(data):,} bytes, expected {expected_size:,}: it is not the "
+                         f"{name} corpus. Delete {zip_path} and its .sha256 and run again to download it afresh.")
+    return data
+
+
+def enwik8_bytes(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None,
+                 expected_size: int = HUTTER_SIZE, timeout: float = 60) -> bytes:
+    """The 100,000,000 bytes of enwik8 (from `raw_dir/enwik8.zip`, downloaded if missing)."""
+    return _hutter_bytes(raw_dir, "enwik8", ENWIK8_URLS, urls=urls, expected_size=expected_size, timeout=timeout)
+
+
+def text8_bytes(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None,
+                expected_size: int = HUTTER_SIZE, timeout: float = 60) -> bytes:
+    """The 100,000,000 characters of text8, as ASCII bytes (from `raw_dir/text8.zip`, downloaded if missing)."""
+    return _hutter_bytes(raw_dir, "text8", TEXT8_URLS, urls=urls, expected_size=expected_size, timeout=timeout)
