@@ -132,3 +132,26 @@ def test_impossible_settings_are_refused(root, override, message, capsys):
         main(["fit", "-c", str(root / TINY), *override, "--run.tracking", "none"])
     text = str(err.value) + capsys.readouterr().err
     assert message in text
+
+
+class _NoMemory(torch.nn.Module):
+    supports_memory = False
+
+    def forward(self, tokens, mems, *, mem_len, clamp_len=-1, same_length=False):
+        return torch.zeros(*tokens.shape, 4), []
+
+    def nll(self, hidden, target):
+        return hidden.sum(-1)
+
+
+def test_memory_lengths_for_a_model_without_memory_are_refused():
+    from repro.lm import SegmentLM
+
+    class NoMemoryLM(SegmentLM):
+        def build_model(self):
+            return _NoMemory()
+
+    kwargs = dict(n_token=10, eval_memory=None, optim={}, eval_protocol={})
+    NoMemoryLM(memory={"mem_len": 0}, **kwargs)
+    with pytest.raises(ValueError, match="keeps no memory.*set it to 0"):
+        NoMemoryLM(memory={"mem_len": 16}, **kwargs)
