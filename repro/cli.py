@@ -68,6 +68,37 @@ class CurveRecorder(Callback):
             atomic_write_text(self.path, "\n".join(lines) + "\n")
 
 
+def plot_curves(csv_path: str) -> Path | None:
+    """The loss curves of a fit as a PNG beside its CSV."""
+    import csv
+
+    rows = list(csv.DictReader(open(csv_path)))
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for split in ("train", "valid"):
+        pts = [(int(r["step"]), float(r["loss"])) for r in rows if r["split"] == split]
+        if pts:
+            ax.plot(*zip(*pts), "o-" if split == "valid" else "-", label=split, ms=4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(csv_path).with_suffix(".png")
+    from repro.io import atomic_path
+
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return out
+
+
 class ReproCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
@@ -165,6 +196,11 @@ class ReproCLI(LightningCLI):
             with atomic_path(run["checkpoint"]) as tmp:
                 self.trainer.save_checkpoint(tmp)
         self._record("fit")
+        lg = self._mlflow()
+        if run.get("curves") and self.trainer.global_rank == 0:
+            png = plot_curves(run["curves"])
+            if png is not None and lg is not None:
+                lg.experiment.log_artifact(lg.run_id, str(png))
 
     def after_validate(self):
         self._record("validate")
