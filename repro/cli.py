@@ -56,7 +56,7 @@ class CurveRecorder(Callback):
         if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
             self._add(trainer, "train", "train")
 
-    def on_validation_epoch_end(self, trainer, pl_module):
+    def on_validation_end(self, trainer, pl_module):  # after the module has logged its epoch metrics
         if not trainer.sanity_checking:
             self._add(trainer, "valid", "val")
 
@@ -262,6 +262,20 @@ def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Errors the user can act on (no data, bad checksum, impossible settings) end with their message alone;
+    REPRO_DEBUG=1 shows the traceback."""
+    from repro.data.download import ArchiveError, ChecksumError, DownloadError
+
+    try:
+        _main(argv)
+    except (DownloadError, ChecksumError, ArchiveError, ValueError) as err:
+        if os.environ.get("REPRO_DEBUG"):
+            raise
+        print(f"error: {err}\n(set REPRO_DEBUG=1 to see the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _main(argv: list[str] | None) -> None:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LIGHTNING_SUBCOMMANDS:

@@ -88,7 +88,10 @@ def _tables(args) -> None:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="repro", description=__doc__)
+    from repro import cli
+
+    parser = argparse.ArgumentParser(prog="repro", description=cli.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,describe,bench,prepare,tables}")
     d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
     d.add_argument("config", nargs="+")

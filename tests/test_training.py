@@ -27,35 +27,44 @@ class LossRecorder(Callback):
         self.losses[trainer.global_step] = float(outputs["loss"])
 
 
-class StopAt(Callback):
+class Killed(Exception):
+    pass
+
+
+class CrashAt(Callback):
+    """Dies in the middle of a step, as a killed job would: no teardown, no final checkpoint."""
+
     def __init__(self, step):
         self.step = step
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step >= self.step:
-            trainer.should_stop = True
+            raise Killed
 
 
-def _run(tmp_path, *, stop_at=None, ckpt_path=None):
+def _run(tmp_path, *, crash_at=None, ckpt_path=None):
     L.seed_everything(7)
     dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16)
     cfg = TransformerXLConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.2, dropatt=0.1)
     module = TransformerXLLM(cfg, memory={"mem_len": 16}, optim={"lr": 3e-3, "warmup_steps": 2}, n_token=dm.vocab_size)
     rec = LossRecorder()
     callbacks = [rec, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)]
-    if stop_at:
-        callbacks.append(StopAt(stop_at))
+    if crash_at:
+        callbacks.append(CrashAt(crash_at))
     trainer = L.Trainer(max_steps=10, logger=False, callbacks=callbacks, enable_progress_bar=False,
                         limit_val_batches=0, use_distributed_sampler=False, gradient_clip_val=0.25,
                         enable_model_summary=False, accelerator="cpu")
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    except Killed:
+        assert crash_at
     return rec.losses, module
 
 
 def test_killed_run_resumes_with_its_memory_and_the_same_trajectory(tmp_path):
     straight, _ = _run(tmp_path / "a")
-    stopped, module = _run(tmp_path / "b", stop_at=5)
-    assert max(stopped) == 5 and module._mems["train"][0].shape[1] == 16
+    stopped, module = _run(tmp_path / "b", crash_at=7)  # checkpoint at step 5, killed during step 8
+    assert max(stopped) == 7 and module._mems["train"][0].shape[1] == 16
     ckpt = tmp_path / "b" / "epoch=0-step=5.ckpt"
     state = torch.load(ckpt, weights_only=True)  # checkpoints are plain tensors and values
     assert state["repro"]["train_memory"][0].shape == (4, 16, 32)
@@ -68,7 +77,7 @@ def test_killed_run_resumes_with_its_memory_and_the_same_trajectory(tmp_path):
 def test_resume_without_the_memory_would_differ(tmp_path):
     """The trajectory test above has power: dropping the restored memory changes the next loss."""
     straight, _ = _run(tmp_path / "a")
-    _run(tmp_path / "b", stop_at=5)
+    _run(tmp_path / "b", crash_at=7)
     ckpt = tmp_path / "b" / "epoch=0-step=5.ckpt"
     state = torch.load(ckpt, weights_only=True)
     state["repro"]["train_memory"] = None
@@ -155,3 +164,16 @@ def test_memory_lengths_for_a_model_without_memory_are_refused():
     NoMemoryLM(memory={"mem_len": 0}, **kwargs)
     with pytest.raises(ValueError, match="keeps no memory.*set it to 0"):
         NoMemoryLM(memory={"mem_len": 16}, **kwargs)
+
+
+def test_missing_paper_corpus_offline_says_where_to_put_it(root, tmp_path, monkeypatch, capsys):
+    from repro.data import sources
+
+    monkeypatch.setenv("REPRO_DATA", str(tmp_path))
+    monkeypatch.setattr(sources, "TEXT8_URLS", ("http://127.0.0.1:9/text8.zip",))  # nothing listens there
+    with pytest.raises(SystemExit) as err:
+        main(["prepare", str(root / "configs/transformer_xl/paper/text8_24l.yaml")])
+    assert err.value.code == 2
+    text = capsys.readouterr().err
+    assert "http://127.0.0.1:9/text8.zip" in text and str(tmp_path / "raw" / "text8" / "text8.zip") in text
+    assert "Traceback" not in text and not list(tmp_path.rglob("*.pt"))  # nothing half-built
