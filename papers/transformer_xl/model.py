@@ -83,10 +83,9 @@ class TransformerXLConfig:
 class DecoderLayer(nn.Module):
     """Attention and feed-forward, each with residual and LayerNorm (post-LN unless `pre_lnorm`)."""
 
-    def __init__(self, cfg: TransformerXLConfig):
+    def __init__(self, cfg: TransformerXLConfig, attn: nn.Module):
         super().__init__()
-        attn = RelPartialLearnableAttention if cfg.attention == "relative" else AbsoluteAttention
-        self.attn = attn(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt)
+        self.attn = attn
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.ff = PositionwiseFF(d_model=cfg.d_model, d_inner=cfg.d_inner, dropout=cfg.dropout)
@@ -123,7 +122,7 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
                                           cutoffs=cfg.cutoffs, div_val=cfg.div_val)
         self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_attention(cfg)) for _ in range(cfg.n_layer))
         if cfg.attention == "relative":
             self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # u
             self.r_r_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # v
@@ -131,6 +130,11 @@ class TransformerXL(nn.Module):
                                                 cutoffs=cfg.cutoffs, div_val=cfg.div_val)
         self.apply(self._init_weights)
         self._tie()
+
+    def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
+        """One layer's attention; other papers' models override this to put their attention in the backbone."""
+        attn = RelPartialLearnableAttention if cfg.attention == "relative" else AbsoluteAttention
+        return attn(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt)
 
     # -------------------------------------------------------------------------------------------- init & tying
     def _init_weights(self, m: nn.Module) -> None:
