@@ -68,6 +68,9 @@ class OptimConfig:
 class EvalProtocol:
     kind: Literal["memory", "sliding"] = "memory"
     window: int = 0  # sliding: tokens of context per prediction (the attention length)
+    # sliding: tokens scored per window, from its end (1 = the paper's protocol, every token from its own window;
+    # s > 1 costs s times less and gives the first tokens of each block w − s + 1 … w tokens of context)
+    stride: int = 1
     window_batch: int = 256  # sliding: windows per forward pass
 
     def __post_init__(self):
@@ -75,6 +78,8 @@ class EvalProtocol:
             raise ValueError(f"eval protocol is 'memory' or 'sliding', got {self.kind!r}")
         if self.kind == "sliding" and self.window <= 0:
             raise ValueError("the sliding protocol needs a positive window (its attention length)")
+        if not 1 <= self.stride <= max(1, self.window):
+            raise ValueError(f"the sliding stride must lie in [1, window], got {self.stride}")
 
 
 def coerce(cls, value):
@@ -238,17 +243,28 @@ class SegmentLM(L.LightningModule):
             hidden, _ = self(seq[:, : h + done + 1], None, MemorySettings())
             nll[:, done] = self.model.nll(hidden[:, -1:], tgt_BT[:, done : done + 1]).squeeze(1)
             done += 1
+        stride, step = self.eval_protocol.stride, self.eval_protocol.window_batch
         if done < t:
-            # windows ending at segment positions done..t-1, i.e. seq[:, h+j-w+1 : h+j+1]
-            windows = seq.unfold(1, w, 1)[:, h + done - w + 1 : h + t - w + 1]  # (B, n, w)
-            targets = tgt_BT[:, done:]
-            flat_w, flat_t = windows.reshape(-1, w), targets.reshape(-1)
-            out = torch.empty(flat_t.shape, dtype=torch.float32, device=inp_BT.device)
-            step = self.eval_protocol.window_batch
-            for i in range(0, flat_w.shape[0], step):
-                hidden, _ = self(flat_w[i : i + step], None, MemorySettings())
-                out[i : i + step] = self.model.nll(hidden[:, -1:], flat_t[i : i + step, None]).squeeze(1)
-            nll[:, done:] = out.view(b, t - done)
+            # the remaining positions in blocks of `stride`; each block is scored from the window of w tokens that
+            # ends at its last position (stride 1: every token from its own window)
+            jobs = []
+            n_full = (t - done) // stride
+            if n_full:
+                start = h + done + stride - w  # window ending at segment position done + stride − 1
+                wins = seq[:, start : start + (n_full - 1) * stride + w].unfold(1, w, stride)  # (B, n_full, w)
+                jobs.append((wins.reshape(-1, w), tgt_BT[:, done : done + n_full * stride].reshape(-1, stride)))
+            rest = t - done - n_full * stride
+            if rest:
+                jobs.append((seq[:, h + t - w : h + t], tgt_BT[:, t - rest :]))
+            outs = []
+            for wins, tgt in jobs:
+                n = tgt.shape[1]
+                res = torch.empty(tgt.shape, dtype=torch.float32, device=inp_BT.device)
+                for i in range(0, wins.shape[0], step):
+                    hidden, _ = self(wins[i : i + step], None, MemorySettings())
+                    res[i : i + step] = self.model.nll(hidden[:, -n:], tgt[i : i + step])
+                outs.append(res.view(b, -1))
+            nll[:, done:] = torch.cat(outs, dim=1)
         self._history[split] = seq[:, -(w - 1):] if w > 1 else seq[:, :0]
         return nll
 

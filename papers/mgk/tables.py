@@ -56,7 +56,7 @@ def wt103(results: Results) -> Table:
     tiny = {exp: results.metric("tiny", exp, "test", "test/ppl").value for exp in WT103}
     notes = [f"Paper: {VERSION}; 16 layers, d_model 128, independent segments of 256 tokens, sliding-window test.",
              "Ours, tiny: 2 layers of width 128 (heads of 16), 400 steps of 16 × 64 tokens on `embedded-word`, "
-             "test perplexity with a sliding window of 64 tokens; one seed each, so differences of a few percent "
+             "test perplexity with sliding windows of 64 tokens, stride 16; one seed each, so differences of a few percent "
              "are within seed noise."]
     s8, m4 = tiny.get("wt103_softmax8"), tiny.get("wt103_mgk4")
     if isinstance(s8, float) and isinstance(m4, float):
