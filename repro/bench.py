@@ -9,7 +9,8 @@ Modes:
   window of L tokens for every prediction (Al-Rfou et al.), against memory reuse, which scores a segment of S
   tokens at once with L tokens of cached memory; reported for each attention length L.
 
-Warm-up steps are excluded. Tokens come from the config's corpus when it is built, otherwise they are drawn
+Warm-up steps are excluded. `peak_memory_mb` is the CUDA allocator's peak on a GPU; on the CPU it is the
+process's peak resident memory (the model, the data and the Python runtime included). Tokens come from the config's corpus when it is built, otherwise they are drawn
 from a Zipf distribution over the vocabulary (the vocabularies are frequency-sorted, so this exercises the
 adaptive softmax clusters roughly as real text does); the output says which.
 """

@@ -7,8 +7,6 @@ import importlib
 import json
 import sys
 
-import torch
-
 
 def describe_configs(paths: list[str]) -> list[dict]:
     from repro.cli import build
@@ -124,7 +122,6 @@ def main(argv: list[str]) -> None:
     t.set_defaults(func=_tables)
 
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(True)
     args.func(args)
 
 

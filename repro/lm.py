@@ -25,7 +25,6 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from repro.memory import memory_length
 from repro.metrics import TokenNLL
 
 
@@ -93,9 +92,6 @@ def coerce(cls, value):
             raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(names)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
     raise TypeError(f"expected {cls.__name__} or dict, got {type(value).__name__}")
-
-
-SPLIT_OF_STAGE = {"fit": "train", "validate": "valid", "test": "test"}
 
 
 class SegmentLM(L.LightningModule):
@@ -344,7 +340,3 @@ class SegmentLM(L.LightningModule):
             "mem_len": self.memory.mem_len,
             "eval": asdict(self.eval_memory) | {"protocol": self.eval_protocol.kind},
         }
-
-    @property
-    def memory_tokens(self) -> int:
-        return memory_length(self._mems["train"])
