@@ -1,6 +1,7 @@
 """`repro`: one command line for every paper.
 
     repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.devices N --trainer.strategy ddp ...]
+    repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."   (several runs, one process)
     repro describe CONFIG [CONFIG ...]
     repro bench CONFIG --mode train|eval [--precision 32|bf16] [--steps N]
     repro tables PAPER
@@ -99,7 +100,13 @@ def plot_curves(csv_path: str) -> Path | None:
     return out
 
 
+class _OwnProcess(Exception):
+    """A step of `repro steps` that needs its own process (several DDP ranks)."""
+
+
 class ReproCLI(LightningCLI):
+    _in_steps = False  # set by `run_steps`
+
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
         super().__init__(
@@ -156,7 +163,10 @@ class ReproCLI(LightningCLI):
                 kwargs["logger"] = MLFlowLogger(experiment_name=run.get("paper") or "repro",
                                                 run_name=f"{self.subcommand}:{name}", tracking_uri=tracking_uri(),
                                                 tags={"subcommand": str(self.subcommand), "profile": run.get("profile", "")})
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        if self._in_steps and trainer.world_size > 1:
+            raise _OwnProcess  # see `run_steps`
+        return trainer
 
     def _mlflow(self):
         from lightning.pytorch.loggers import MLFlowLogger
@@ -261,6 +271,43 @@ def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: 
         sys.argv = argv
 
 
+def run_steps(steps: list[str]) -> None:
+    """Several Lightning CLI runs, one after the other, in this one process: `repro steps "fit -c A.yaml …"
+    "test -c A.yaml -c A.eval.yaml --ckpt_path …"`. Each step is exactly the command `repro <step>` (its own
+    seed, Trainer, MLflow run and record); only the start-up (imports, ~10 s on 2 cores) is paid once, which is
+    most of a tiny run's time. A step on several processes (DDP) runs as its own process. A failing step stops
+    the rest."""
+    import shlex
+
+    if not steps or any(s.strip() in ("-h", "--help") for s in steps):
+        raise SystemExit('usage: repro steps "fit -c CONFIG …" "test -c CONFIG … --ckpt_path …" …\n'
+                         "each quoted step is one `repro fit|validate|test` command, run in order in one process")
+    parsed = [shlex.split(s) for s in steps]
+    for args in parsed:  # check every step before running the first, so a typo fails in seconds
+        if not args or args[0] not in LIGHTNING_SUBCOMMANDS:
+            raise ValueError(f"each step of `repro steps` starts with one of {', '.join(LIGHTNING_SUBCOMMANDS)}, "
+                             f"got {' '.join(args)!r}")
+    argv = sys.argv
+    try:
+        for args in parsed:
+            print(f"repro steps: {' '.join(args)}", flush=True)
+            sys.argv = [argv[0], *args]
+            # Lightning launches DDP ranks by re-running this process's command line, which here would be the
+            # whole chain: a multi-process step runs as its own `repro <step>` process instead.
+            ReproCLI._in_steps = True
+            try:
+                ReproCLI(args=args)
+            except _OwnProcess:
+                import subprocess
+
+                done = subprocess.run([sys.executable, "-m", "repro", *args])
+                if done.returncode:
+                    raise SystemExit(done.returncode) from None
+    finally:
+        sys.argv = argv
+        ReproCLI._in_steps = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Errors the user can act on (no data, bad checksum, impossible settings) end with their message alone;
     REPRO_DEBUG=1 shows the traceback."""
@@ -282,6 +329,9 @@ def _main(argv: list[str] | None) -> None:
         if from_shell:
             sys.argv = [sys.argv[0], *argv]  # `python -m repro fit …` and `repro fit …` alike
         ReproCLI(args=None if from_shell else argv)
+        return
+    if argv and argv[0] == "steps":
+        run_steps(argv[1:])
         return
     from repro import commands
 

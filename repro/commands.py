@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="repro", description=cli.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,describe,bench,prepare,tables}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,steps,describe,bench,prepare,tables}")
     d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
     d.add_argument("config", nargs="+")
     d.set_defaults(func=_describe)

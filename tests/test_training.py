@@ -177,3 +177,26 @@ def test_missing_paper_corpus_offline_says_where_to_put_it(root, tmp_path, monke
     text = capsys.readouterr().err
     assert "http://127.0.0.1:9/text8.zip" in text and str(tmp_path / "raw" / "text8" / "text8.zip") in text
     assert "Traceback" not in text and not list(tmp_path.rglob("*.pt"))  # nothing half-built
+
+
+def test_steps_run_fit_then_test_in_one_process_as_separate_commands_would(root, tmp_path, monkeypatch):
+    monkeypatch.chdir(root)
+    ckpt, eval_cfg = tmp_path / "s.ckpt", TINY.replace(".yaml", ".eval.yaml")
+    common = "--run.tracking none --trainer.accelerator cpu"
+    main(["steps",
+          f"fit -c {TINY} --trainer.max_steps 3 --trainer.limit_val_batches 2 {common} --run.checkpoint {ckpt} "
+          f"--run.record {tmp_path / 'fit.json'}",
+          f"test -c {TINY} -c {eval_cfg} --ckpt_path {ckpt} --trainer.limit_test_batches 2 {common} "
+          f"--run.record {tmp_path / 'steps.json'}"])
+    assert json.loads((tmp_path / "fit.json").read_text())["provenance"]["steps"] == 3
+    main(["test", "-c", TINY, "-c", eval_cfg, "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
+          *common.split(), "--run.record", str(tmp_path / "alone.json")])
+    steps = json.loads((tmp_path / "steps.json").read_text())["metrics"]
+    alone = json.loads((tmp_path / "alone.json").read_text())["metrics"]
+    assert steps == alone and steps["test/tokens"] == 2 * 10 * 32
+
+
+def test_steps_check_every_step_before_running_any(capsys):
+    with pytest.raises(SystemExit):
+        main(["steps", "fit -c nowhere.yaml", "tables transformer_xl"])
+    assert "each step of `repro steps` starts with one of" in capsys.readouterr().err
