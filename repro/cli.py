@@ -291,7 +291,7 @@ def run_steps(steps: list[str]) -> None:
     try:
         for args in parsed:
             print(f"repro steps: {' '.join(args)}", flush=True)
-            sys.argv = [argv[0], *args]
+            sys.argv = argv[:1]  # the step is given to the CLI as args (DDP steps run as their own process)
             # Lightning launches DDP ranks by re-running this process's command line, which here would be the
             # whole chain: a multi-process step runs as its own `repro <step>` process instead.
             ReproCLI._in_steps = True

@@ -90,7 +90,7 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="repro", description=cli.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,steps,describe,bench,prepare,tables}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,steps,describe,bench,prepare,tables,recl,generate}")
     d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
     d.add_argument("config", nargs="+")
     d.set_defaults(func=_describe)
@@ -120,6 +120,41 @@ def main(argv: list[str]) -> None:
     t.add_argument("paper")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
+
+    bc = sub.add_parser("bench-context", help="time and memory per segment as the context grows (∞-former vs TXL)")
+    importlib.import_module("repro.bench_context").add_arguments(bc)
+    bc.set_defaults(func=lambda a: importlib.import_module("repro.bench_context").main(a))
+
+    r = sub.add_parser("recl", help="loss against test-time context length and RECL for a group of models")
+    r.add_argument("--model", action="append", required=True,
+                   help="NAME=CONFIG[,CONFIG...]@CHECKPOINT[:memory|window] (repeat for every model of the group)")
+    r.add_argument("--contexts", required=True, help="comma-separated attention lengths, e.g. 16,32,64,128")
+    r.add_argument("--split", default="test", choices=["valid", "test"])
+    r.add_argument("--max-tokens", type=int, help="score only the first N tokens of the split")
+    r.add_argument("--ratios", default="0.1,0.5,1.0", help="the r of the top-r hardest tokens")
+    r.add_argument("--threshold", type=float, default=0.01)
+    r.add_argument("--stride", type=int, help="window models: tokens scored per window (default max(1, c // 8))")
+    r.add_argument("--batch-size", type=int, help="streams the split is cut into (default: the eval batch size)")
+    r.add_argument("--threads", type=int)
+    r.add_argument("--output", help="write the JSON record here")
+    r.add_argument("--plot", help="write the loss-vs-context plot (PNG) here")
+    r.set_defaults(func=lambda a: importlib.import_module("repro.context").main(a))
+
+    g = sub.add_parser("generate", help="sample a continuation of a prompt file (top-k, memory carried)")
+    g.add_argument("-c", "--config", action="append", required=True, help="config file(s), merged in order")
+    g.add_argument("--ckpt_path", required=True)
+    g.add_argument("--prompt", required=True, help="text file in the corpus's format")
+    g.add_argument("--length", type=int, default=200, help="tokens to generate")
+    g.add_argument("--top_k", type=int, default=40, help="the paper's k = 40; 0 samples from everything")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    g.add_argument("--seed", type=int, default=1111)
+    g.add_argument("--mem_len", type=int, help="memory per layer (default: the config's eval_memory.mem_len)")
+    g.add_argument("--window", type=int, help="attention length of a model without memory")
+    g.add_argument("--threads", type=int)
+    g.add_argument("--output", help="also write the continuation here")
+    g.set_defaults(func=lambda a: importlib.import_module("repro.generate").main(a))
+    importlib.import_module("repro.bench_attention").add_parser(sub)  # Transformer-MGK efficiency
 
     args = parser.parse_args(argv)
     args.func(args)

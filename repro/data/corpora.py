@@ -132,6 +132,92 @@ def _text8(raw: Path) -> Built:
     return _build_char(text8_splits(sources.text8_bytes(raw)), {"source": "text8.zip"})
 
 
+LM1B_BOUNDARY, LM1B_UNK = "<S>", "<UNK>"
+LM1B_SHUFFLE_SEED = 1111
+
+
+def lm1b_vocab(path: str | os.PathLike) -> Vocab:
+    """The benchmark's vocabulary file, in file order: the first field of every non-empty line (`<S>`, `</S>`,
+    `<UNK>`, then words by decreasing count), as the reference reads `1b_word_vocab.txt`."""
+    symbols = [line.split()[0] for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    vocab = Vocab(tuple(symbols))
+    for s in (LM1B_BOUNDARY, LM1B_UNK):
+        if s not in vocab.index:
+            raise ValueError(f"{path} has no {s!r}: it is not the One Billion Word vocabulary (1b_word_vocab.txt)")
+    return vocab
+
+
+def encode_sentences(sentences: list[str], vocab: Vocab) -> np.ndarray:
+    """One stream of sentences with one boundary token between them (and at both ends): `<S> a b <S> c d <S>`.
+
+    The reference wraps every sentence as `<S> … <S>` and never feeds a sentence's last `<S>` as input, so the next
+    sentence's input starts with its own `<S>`: the inputs and targets it scores are exactly those of this stream.
+    Words outside the vocabulary become `<UNK>`."""
+    from array import array
+
+    index = vocab.index
+    bos, unk = index[LM1B_BOUNDARY], index[LM1B_UNK]
+    out = array("i", [bos])
+    for line in sentences:
+        out.extend(index.get(w, unk) for w in line.split())
+        out.append(bos)
+    return np.frombuffer(out, dtype=np.int32).copy()
+
+
+def lm1b_splits(train_shards: list[Path], valid: Path, test: Path, vocab: Vocab, *,
+                seed: int = LM1B_SHUFFLE_SEED) -> dict[str, np.ndarray]:
+    """Train: the shards in a seeded random order, each shard's sentences shuffled (the reference reshuffles both
+    every epoch; a built corpus is one fixed draw). Valid and test: one held-out shard each, in file order."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i in rng.permutation(len(train_shards)):
+        lines = [x for x in Path(train_shards[i]).read_text(encoding="utf-8").splitlines() if x.strip()]
+        parts.append(encode_sentences([lines[j] for j in rng.permutation(len(lines))], vocab))
+    train = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+    def held_out(path: Path) -> np.ndarray:
+        return encode_sentences([x for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()], vocab)
+
+    return {"train": train, "valid": held_out(valid), "test": held_out(test)}
+
+
+def _lm1b(raw: Path) -> Built:
+    from repro.data import sources
+
+    files = sources.lm1b_files(raw)
+    vocab = lm1b_vocab(files["vocab"])
+    return Built(vocab, lm1b_splits(files["train"], files["valid"], files["test"], vocab),
+                 {"source": "1-billion-word-language-modeling-benchmark-r13output.tar.gz + 1b_word_vocab.txt",
+                  "valid": sources.LM1B_VALID_SHARD, "test": sources.LM1B_TEST_SHARD,
+                  "train_shards": len(files["train"]), "shuffle_seed": LM1B_SHUFFLE_SEED})
+
+
+def ptb_lines(files: dict[str, Path]) -> dict[str, list[str]]:
+    return {s: files[s].read_text(encoding="utf-8").lower().splitlines() for s in SPLITS}
+
+
+def build_ptb(lines: dict[str, list[str]], meta: dict) -> Built:
+    """Penn Treebank as the reference reads it: lower-cased, whitespace split, `<eos>` after every line, the
+    vocabulary counted on all three splits (`<eos>` first, then decreasing count). The data already maps rare words
+    to `<unk>`, so the vocabulary is the closed 10,000 symbols."""
+    from collections import Counter
+
+    from repro.data.vocab import EOS, frequency_order
+
+    counter: Counter = Counter()
+    for s in SPLITS:
+        for line in lines[s]:
+            counter.update(line.split())
+    vocab = frequency_order(counter, special=(EOS,))
+    return Built(vocab, {s: encode_words(lines[s], vocab) for s in SPLITS}, meta)
+
+
+def _ptb(raw: Path) -> Built:
+    from repro.data import sources
+
+    return build_ptb(ptb_lines(sources.ptb_files(raw)), {"source": "simple-examples.tgz (Mikolov), data/ptb.*.txt"})
+
+
 REGISTRY: dict[str, CorpusSpec] = {
     spec.name: spec
     for spec in [
@@ -151,6 +237,11 @@ REGISTRY: dict[str, CorpusSpec] = {
                    "enwik8 as the Transformer-XL pipeline reads it: newline bytes removed from every split"),
         # a-z and space
         CorpusSpec("text8", "char", None, 27, _text8, "text8"),
+        # the benchmark vocabulary: 793,471 symbols (Jozefowicz et al. 2016; the built file is authoritative)
+        CorpusSpec("lm1b", "word", None, 793_471, _lm1b,
+                   "One Billion Word: shuffled sentences, <S> boundaries, the standard vocabulary"),
+        # Mikolov's PTB: 9,999 words (with <unk>) and <eos>
+        CorpusSpec("ptb", "word", None, 10_000, _ptb, "Penn Treebank, word level (Mikolov's preprocessing)"),
     ]
 }
 

@@ -167,3 +167,95 @@ def text8_bytes(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None
                 expected_size: int = HUTTER_SIZE, timeout: float = 60) -> bytes:
     """The 100,000,000 characters of text8, as ASCII bytes (from `raw_dir/text8.zip`, downloaded if missing)."""
     return _hutter_bytes(raw_dir, "text8", TEXT8_URLS, urls=urls, expected_size=expected_size, timeout=timeout)
+
+
+# ------------------------------------------------------------------------ One Billion Word and Penn Treebank
+# One Billion Word (Chelba et al., 2013, arXiv 1312.3005): the r13 output tarball of statmt.org, as the
+# Transformer-XL `getdata.sh` fetches it; training data = the 99 shuffled training shards, test = heldout shard
+# 00000 (the benchmark's test set). The vocabulary is the benchmark's standard list (Jozefowicz et al., 2016),
+# fetched from the same address as the official script. Penn Treebank, word level: Mikolov's simple-examples.tgz.
+LM1B_URLS = ("http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",)
+LM1B_VOCAB_URLS = ("https://github.com/rafaljozefowicz/lm/raw/master/1b_word_vocab.txt",)
+LM1B_ROOT = "1-billion-word-language-modeling-benchmark-r13output"
+LM1B_TRAIN_DIR = f"{LM1B_ROOT}/training-monolingual.tokenized.shuffled"
+LM1B_HELDOUT_DIR = f"{LM1B_ROOT}/heldout-monolingual.tokenized.shuffled"
+LM1B_TEST_SHARD = "news.en.heldout-00000-of-00050"  # the benchmark's test set
+# Our validation shard: another held-out shard. The official getdata.sh writes shard 00000 to both valid.txt and
+# test.txt, so its validation numbers are test numbers (papers/transformer_xl/README.md, Deviations).
+LM1B_VALID_SHARD = "news.en.heldout-00001-of-00050"
+PTB_URLS = ("http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",)
+# No checksum is published for these files: `KNOWN_SHA256.get(name)` is None, so the first download's checksum is
+# recorded beside the file and later uses are verified against it.
+
+
+def _extract_tar(tar_path: Path, folder: Path, wanted) -> dict[str, Path]:
+    """Extract the members of a .tar.gz for which `wanted(name)` is true into `folder` (names without a leading
+    './'), each atomically; a stamp beside them records the archive's checksum and the sizes, so that a second
+    call extracts nothing. Returns member name → path."""
+    import tarfile
+
+    from repro.data.download import ArchiveError
+
+    digest = KNOWN_SHA256.get(tar_path.name) or read_sidecar(tar_path) or sha256_file(tar_path)
+    source = f"{tar_path.name} sha256:{digest}"
+    stamp = _read_stamp(folder)
+    if stamp is not None and stamp.get("source") == source:
+        files = {name: folder / name for name in stamp.get("sizes", {})}
+        if _stamp_matches(stamp, files, source=source):
+            return files
+    (folder / _STAMP).unlink(missing_ok=True)
+    files: dict[str, Path] = {}
+    try:
+        with tarfile.open(tar_path, "r:gz") as tf:
+            for info in tf:
+                name = info.name[2:] if info.name.startswith("./") else info.name
+                if not info.isfile() or not wanted(name):
+                    continue
+                if ".." in Path(name).parts or Path(name).is_absolute():
+                    raise ArchiveError(f"{tar_path} has a member with an unsafe path {info.name!r}; refusing it")
+                dest = folder / name
+                with atomic_path(dest) as tmp, tf.extractfile(info) as src, open(tmp, "wb") as out:
+                    while block := src.read(1 << 20):
+                        out.write(block)
+                files[name] = dest
+    except (tarfile.TarError, EOFError, OSError) as err:
+        if isinstance(err, ArchiveError):
+            raise
+        raise ArchiveError(f"{tar_path} is not a readable .tar.gz ({type(err).__name__}: {err}); it is probably a "
+                           f"truncated download: delete it (and its .sha256) and run again") from err
+    atomic_write_json(folder / _STAMP, {"source": source, "sizes": {n: p.stat().st_size for n, p in files.items()}})
+    return files
+
+
+def lm1b_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None,
+               vocab_urls: Sequence[str] | None = None, timeout: float = 60) -> dict:
+    """The One Billion Word files under `raw_dir`, downloaded and extracted if needed:
+    {"train": [99 training shards, sorted], "valid": heldout shard 00001, "test": heldout shard 00000,
+    "vocab": 1b_word_vocab.txt}. A tarball or vocabulary placed in `raw_dir` by hand is used offline."""
+    raw_dir = Path(raw_dir)
+    name = LM1B_URLS[0].rsplit("/", 1)[1]
+    tar_path = _fetch_archive(raw_dir, name, urls, LM1B_URLS, timeout=timeout)
+    vocab = _fetch_archive(raw_dir, "1b_word_vocab.txt", vocab_urls, LM1B_VOCAB_URLS, timeout=timeout)
+    keep = {f"{LM1B_HELDOUT_DIR}/{LM1B_TEST_SHARD}", f"{LM1B_HELDOUT_DIR}/{LM1B_VALID_SHARD}"}
+    files = _extract_tar(tar_path, raw_dir / "extracted",
+                         lambda n: n in keep or (n.startswith(f"{LM1B_TRAIN_DIR}/news.en-")))
+    train = sorted(p for n, p in files.items() if n.startswith(LM1B_TRAIN_DIR))
+    missing = [n for n in keep if n not in files]
+    if not train or missing:
+        raise ValueError(f"{tar_path} lacks {missing or 'the training shards'}: is it the r13output tarball? "
+                         "Delete it and its .sha256 and run again to download it afresh.")
+    return {"train": train, "valid": files[f"{LM1B_HELDOUT_DIR}/{LM1B_VALID_SHARD}"],
+            "test": files[f"{LM1B_HELDOUT_DIR}/{LM1B_TEST_SHARD}"], "vocab": vocab}
+
+
+def ptb_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None = None, timeout: float = 60) -> dict[str, Path]:
+    """`ptb.{train,valid,test}.txt` of Mikolov's simple-examples.tgz (word level), downloaded if needed."""
+    raw_dir = Path(raw_dir)
+    tar_path = _fetch_archive(raw_dir, "simple-examples.tgz", urls, PTB_URLS, timeout=timeout)
+    want = {s: f"simple-examples/data/ptb.{s}.txt" for s in SPLITS}
+    files = _extract_tar(tar_path, raw_dir / "extracted", lambda n: n in want.values())
+    missing = [m for m in want.values() if m not in files]
+    if missing:
+        raise ValueError(f"{tar_path} lacks {missing}: is it Mikolov's simple-examples.tgz? Delete it and its "
+                         ".sha256 and run again to download it afresh.")
+    return {s: files[m] for s, m in want.items()}

@@ -1,0 +1,246 @@
+"""The compressive transformer (Rae, Potapenko, Jayakumar, Lillicrap; ICLR 2020, arXiv 1911.05507), the baseline
+of the ∞-former's sorting experiment (Martins et al. 2022, §4.1: "memory 1024 + compressed memory 1024, CNN
+compression").
+
+A Transformer-XL (the repository's `papers/transformer_xl/model.py`, relative attention) whose layers attend over
+[compressed memory; memory; segment]. When the short memory overflows, its oldest states are not dropped but
+compressed by a factor c (Rae et al. Algorithm 1) — by default a Conv1d with kernel = stride = c, one per layer;
+max or mean pooling as in the paper's ablation (§3.1, Table 2 of Rae et al.) — and pushed into a FIFO compressed
+memory of `cmem_len` slots. The compression network is trained only by the attention-reconstruction loss
+(Algorithm 2): for each layer, the content attention of the current segment's queries over the evicted states
+against the same attention over their compression, with the queries, the evicted states and the attention
+weights held fixed, so that its gradient reaches the compression network only. The ∞-former paper gives no code
+for this baseline (its repository contains none), so this file follows Rae et al.
+
+Layout legend: B batch, T segment length, M short-memory length, C compressed-memory length, O evicted states
+(a multiple of c), K = C + M + T keys, D model width; tensors are batch-first.
+
+Memory layout (what `forward` takes and returns, a flat list so that `SegmentLM` can gather/scatter dim 0 for
+checkpoints and DDP): `mems = [short_0, …, short_{L−1}, cmem_0, …, cmem_{L−1}]` with `short_i` (B, M, D) the
+last inputs of layer i (as Transformer-XL's memory) and `cmem_i` (B, C ≤ cmem_len, D) the compressions of the
+inputs of layer i evicted earlier, oldest first. M ≤ mem_len + c − 1 (see "partial overflow" below); M ≤ mem_len
+whenever mem_len and T are multiples of c. Every entry is detached.
+
+Where this differs from Rae et al. (and why):
+- Memories start empty (as the harness's Transformer-XL), not as n_m zero vectors: with `cmem_len = 0` the model
+  is the harness's Transformer-XL weight for weight, and no compressions of zero vectors enter the memory.
+- Partial overflow. Rae et al. evict exactly n_s states per step from an always-full memory, with n_s a multiple
+  of c. With an empty start (or T, mem_len not multiples of c) the overflow beyond mem_len need not be a multiple
+  of c; we evict only whole groups of c (the oldest ⌊overflow/c⌋·c states) and leave the remaining < c oldest
+  states in the short memory, where they stay attended until the next segment completes their group. Nothing is
+  dropped uncompressed, nothing is padded, and the compressed memory holds exactly f_c of consecutive c-groups of
+  the layer's input stream in order (tested against a naive recomputation).
+- The reconstruction error is the mean squared difference of the two attention outputs (averaged over batch,
+  heads, queries and channels), summed over layers and multiplied by `recon_weight`; Algorithm 2 writes an L2
+  norm. Both vanish together and, the gradient reaching only the compression network, only its step size differs.
+- The reconstruction attention is softmax(q·kᵀ/√E)·v per head, with q, k, v from the layer's own projection (and,
+  with `pre_lnorm`, its LayerNorm), all detached; Algorithm 2 writes σ((hQ)(mK)ᵀ)(mV) without the 1/√E scale.
+  No relative-position terms and no output projection (neither appears in Algorithm 2).
+- Positions: the compressed slots are ordinary key positions placed before the short memory (relative distances
+  run over all K keys), as in Rae et al.'s Transformer-XL-based model; `same_length` counts against
+  mem_len + cmem_len keys.
+- On a training step in which nothing is evicted (the first segments of a stream) the auxiliary loss is a zero
+  that still touches the compression weights, so that DDP finds a gradient (zero) for every parameter.
+- The Conv1d keeps PyTorch's default initialisation (the backbone's normal(0, 0.02) covers Linear layers only);
+  Rae et al. do not state theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.memory import update_memory
+from repro.nn.attention import causal_mask, relative_distances, sinusoid_table
+
+
+@dataclass(frozen=True)
+class CompressiveConfig:
+    """The compressed memory of Rae et al. (the backbone's sizes live in `TransformerXLConfig`)."""
+
+    # c: evicted states per compressed slot. Rae et al. sweep c ∈ {2, 3, 4}; the ∞-former paper does not state the
+    # rate of its baseline.
+    rate: int = 3
+    # n_cm: compressed slots per layer (the ∞-former's sorting baseline: 1024, beside a short memory of 1024);
+    # 0 turns the compressed memory off (the model is then Transformer-XL)
+    cmem_len: int = 0
+    # f_c: "conv" (Conv1d, kernel = stride = c, the paper's choice), "max_pool" or "mean_pool" (its ablation)
+    compression: Literal["conv", "max_pool", "mean_pool"] = "conv"
+    # weight of the attention-reconstruction loss (it trains the compression network only)
+    recon_weight: float = 1.0
+
+    def __post_init__(self):
+        if self.rate < 1:
+            raise ValueError(f"compressive.rate (c) must be ≥ 1, got {self.rate}")
+        if self.cmem_len < 0:
+            raise ValueError(f"compressive.cmem_len must be ≥ 0, got {self.cmem_len}")
+        if self.compression not in ("conv", "max_pool", "mean_pool"):
+            raise ValueError(f"compressive.compression is conv, max_pool or mean_pool, got {self.compression!r}")
+        if self.recon_weight < 0:
+            raise ValueError(f"compressive.recon_weight must be ≥ 0, got {self.recon_weight}")
+
+
+def split_overflow(
+    short_BMD: torch.Tensor, new_BTD: torch.Tensor, *, mem_len: int, rate: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, evicted) of [short; new], detached: the oldest ⌊(M + T − mem_len)/c⌋·c states are evicted (whole
+    groups of c only; the < c left over stay in the short memory), the rest is kept."""
+    with torch.no_grad():
+        cat = torch.cat([short_BMD.to(new_BTD.dtype), new_BTD], dim=1) if short_BMD.shape[1] else new_BTD
+        cat = cat.detach()
+    over = cat.shape[1] - mem_len
+    n_out = (over // rate) * rate if over > 0 else 0
+    return cat[:, n_out:], cat[:, :n_out]
+
+
+class Compression(nn.Module):
+    """f_c: (B, O, D) → (B, O/c, D), one slot per consecutive group of c states (O must be a multiple of c)."""
+
+    def __init__(self, *, d_model: int, rate: int, kind: str):
+        super().__init__()
+        self.rate, self.kind = rate, kind
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size=rate, stride=rate) if kind == "conv" else None
+
+    def forward(self, old_BOD: torch.Tensor) -> torch.Tensor:
+        if old_BOD.shape[1] % self.rate:
+            raise ValueError(f"compression takes whole groups of c={self.rate} states, got {old_BOD.shape[1]}")
+        x_BDO = old_BOD.transpose(1, 2)
+        if self.kind == "conv":
+            y = self.conv(x_BDO.to(self.conv.weight.dtype))
+        elif self.kind == "max_pool":
+            y = F.max_pool1d(x_BDO, self.rate, self.rate)
+        else:
+            y = F.avg_pool1d(x_BDO, self.rate, self.rate)
+        return y.transpose(1, 2)  # (B, O/c, D)
+
+
+class CompressiveTransformer(TransformerXL):
+    """`TransformerXL` with a compressed memory: `forward(tokens, mems, mem_len=…) -> (hidden, new_mems)` with the
+    memory layout of the module docstring; `aux_losses()` gives the attention-reconstruction loss of the last
+    forward pass (empty when no gradient was being recorded or nothing is trainable)."""
+
+    supports_memory = True
+    supports_kv_memory = False
+
+    def __init__(self, cfg: TransformerXLConfig, comp: CompressiveConfig):
+        if cfg.attention != "relative":
+            raise ValueError("the compressive transformer uses relative positions: set model.attention: relative")
+        super().__init__(cfg)  # the backbone draws its weights first, so cmem_len = 0 gives Transformer-XL's
+        self.comp = comp
+        self.compressors = (
+            nn.ModuleList(Compression(d_model=cfg.d_model, rate=comp.rate, kind=comp.compression)
+                          for _ in range(cfg.n_layer))
+            if comp.cmem_len > 0 else None
+        )
+        self._aux: dict[str, torch.Tensor] = {}
+
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """{"attn_recon": recon_weight · Σ_layers reconstruction error} of the last forward pass (already weighted:
+        add it to the loss as is)."""
+        return dict(self._aux)
+
+    def split_memory(self, mems: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(short memories, compressed memories), one tensor per layer each."""
+        n = self.cfg.n_layer
+        if len(mems) != 2 * n:
+            raise ValueError(
+                f"a compressive memory holds 2 × n_layer = {2 * n} tensors ([short_0..short_{n - 1}, "
+                f"cmem_0..cmem_{n - 1}]), got {len(mems)}: pass the memory this model returned, or None to start"
+            )
+        return list(mems[:n]), list(mems[n:])
+
+    # ------------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        tokens_BT: torch.Tensor,
+        mems: list[torch.Tensor] | None,
+        *,
+        mem_len: int,
+        clamp_len: int = -1,
+        same_length: bool = False,
+        kv_memory: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden states of the segment (B, T, D) and the next memory (2 × n_layer tensors, see the docstring)."""
+        if kv_memory:
+            raise ValueError(
+                "the compressive transformer keeps hidden states (its compressed slots are re-projected with the "
+                "current weights), not keys and values: call it with kv_memory=False (SegmentLM does so because "
+                "supports_kv_memory is False)"
+            )
+        if mem_len < 0:
+            raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
+        cfg = self.cfg
+        b, t = tokens_BT.shape
+        emb = self.word_emb(tokens_BT)
+        if not mems:
+            mems = [emb.new_empty(b, 0, cfg.d_model) for _ in range(2 * cfg.n_layer)]
+        short, cmem = self.split_memory(mems)
+        m, c = short[0].shape[1], cmem[0].shape[1]
+        k = c + m + t
+        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len + self.comp.cmem_len,
+                              device=emb.device)
+        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), cfg.d_model)
+        h = self.drop(emb)  # dropout draws in the backbone's order: embedding, then positions
+        pos = (self.drop(pos_KD.to(emb.dtype)), self.r_w_bias, self.r_r_bias)
+        inputs = []
+        for layer, mem_s, mem_c in zip(self.layers, short, cmem):
+            ctx_BMD = torch.cat([mem_c.to(mem_s.dtype), mem_s], dim=1) if c else mem_s  # [cmem; mem]
+            inputs.append(h)
+            h, _ = layer(h, mem_BMD=ctx_BMD, mask_TK=mask_TK, pos=pos)
+        new_mems, self._aux = self._update_memory(short, cmem, inputs, mem_len=mem_len)
+        return self.drop(h), new_mems
+
+    def _update_memory(self, short, cmem, inputs, *, mem_len: int):
+        """Algorithm 1's bookkeeping after the layers: evict, compress, push (FIFO), plus Algorithm 2's loss."""
+        comp = self.comp
+        if comp.cmem_len == 0:  # Transformer-XL: evicted states are dropped
+            empty = [x.new_empty(x.shape[0], 0, x.shape[2]) for x in inputs]
+            return update_memory(short, inputs, mem_len=mem_len) + empty, {}
+        params = [p for p in self.compressors.parameters() if p.requires_grad]
+        train_f = torch.is_grad_enabled() and bool(params) and comp.recon_weight > 0
+        new_short, new_cmem, errors = [], [], []
+        for i, (mem_s, mem_c, h_BTD) in enumerate(zip(short, cmem, inputs)):
+            kept_BMD, old_BOD = split_overflow(mem_s, h_BTD, mem_len=mem_len, rate=comp.rate)
+            new_short.append(kept_BMD)
+            if old_BOD.shape[1]:
+                with torch.set_grad_enabled(train_f):
+                    new_BCD = self.compressors[i](old_BOD)
+                if train_f:
+                    errors.append(self._reconstruction_error(i, h_BTD.detach(), old_BOD, new_BCD))
+                new_BCD = new_BCD.detach().to(kept_BMD.dtype)
+                mem_c = torch.cat([mem_c.to(new_BCD.dtype), new_BCD], dim=1) if mem_c.shape[1] else new_BCD
+            new_cmem.append(mem_c[:, max(0, mem_c.shape[1] - comp.cmem_len):].detach())
+        aux = {}
+        if train_f:
+            # a zero that touches every compression weight when nothing was evicted keeps DDP's reducer satisfied
+            total = torch.stack(errors).sum() if errors else sum(p.sum() for p in params) * 0.0
+            aux["attn_recon"] = comp.recon_weight * total
+        return new_short + new_cmem, aux
+
+    def _reconstruction_error(self, i: int, h_BTD, old_BOD, new_BCD) -> torch.Tensor:
+        """mean ‖attn(h, old) − attn(h, f_c(old))‖² for layer i, with stop-gradients on everything but f_c."""
+        layer = self.layers[i]
+        att = layer.attn
+        if self.cfg.pre_lnorm:  # the layer attends over LayerNorm-ed inputs and memories
+            ln = layer.attn_norm
+            w_ln, b_ln = ln.weight.detach(), ln.bias.detach()
+            h_BTD, old_BOD, new_BCD = (F.layer_norm(x, ln.normalized_shape, w_ln, b_ln, ln.eps)
+                                       for x in (h_BTD, old_BOD, new_BCD))
+        w = att.qkv_net.weight.detach()
+        nh, e = att.n_head, att.d_head
+        b, t, _ = h_BTD.shape
+        q_BHTE = F.linear(h_BTD, w[: nh * e]).view(b, t, nh, e).transpose(1, 2) * att.scale
+
+        def attend_to(m_BND):
+            kv = F.linear(m_BND, w[nh * e:]).view(b, m_BND.shape[1], 2, nh, e).permute(2, 0, 3, 1, 4)
+            prob = torch.softmax(q_BHTE @ kv[0].transpose(-1, -2), dim=-1, dtype=torch.float32)
+            return prob.to(kv.dtype) @ kv[1]  # (B, H, T, E)
+
+        with torch.no_grad():
+            target = attend_to(old_BOD).float()
+        return F.mse_loss(attend_to(new_BCD).float(), target)

@@ -1,0 +1,627 @@
+"""GPT-2 with a memory of the text that left its 512-token window: the ∞-former's GPT-2 experiments (paper §4.2-4.3).
+
+The paper fine-tunes GPT-2 small on 512-token blocks fed in order (batch 1), and adds to each layer (or the
+configured layers) a long-term memory (LTM) that attends from the layer's queries to the hidden states that
+entered the layer during the previous blocks. This module builds that model around `transformers`'
+`GPT2LMHeadModel`, the same code path for both profiles:
+
+- paper profile: `GPT2Settings(pretrained="gpt2")` loads the pretrained weights (hub; needs network once);
+- tiny profile: `GPT2Settings(pretrained=None, n_layer=.., n_embd=.., n_head=..)` builds a random `GPT2Config`
+  whose vocabulary is the locally trained BPE's (`repro.text.tokenizer`).
+
+The memory hook (`MemoryHook`, `LayerMemory`)
+-------------------------------------------
+Every configured layer gets a `LayerMemory` module. Its contract, which the LTM (`papers/infinity_former/ltm.py`)
+and the compressive memory (`papers/infinity_former/compressive.py`) implement through small adapters
+(`build_layer_memory`), is:
+
+- `init_state(batch, device, dtype) -> dict[str, Tensor]`: an empty memory; every tensor is batch-first (the
+  state is carried between blocks, sliced per DDP rank and saved in checkpoints);
+- `update(state, x_BLD) -> state`: absorb `x`, the hidden states that entered this layer (its block input, before
+  `ln_1`) during the previous block, detached, as the official `Block.mem`. It is called at the start of the
+  next block's forward pass, with gradients on, so the memory's own parameters (e.g. the LTM's smoothing gate)
+  learn from the loss of the block that reads it, as in the official code where the LTM refits its coefficients
+  inside `LongTermAttention.forward`;
+- `attend(q_BHTd, state) -> Z_BTD | None`: the memory's contribution for the queries of this layer's
+  self-attention (GPT-2's own query projection, split into heads); `None` when the memory is empty. `Z` is added
+  to the self-attention output after its output projection, before the residual connection (the official
+  `Attention.forward` adds `a_long_term` to `c_proj(a)`). GPT-2's residual dropout is applied to `Z` as well;
+- `attend` may replace entries of `state` (the sticky-memory histogram of this step's attention): the state
+  carried to the next block is the one left after the forward pass;
+- `extra_loss() -> Tensor | None`: the weighted auxiliary loss of the last `attend` (the LTM's λ_KL · KL), added
+  to the NLL.
+
+`kind: ltm` is the ∞-former's continuous memory (`papers/infinity_former/ltm.py`, `ContinuousLTM`) through
+`LTMLayerMemory`: the state is the signal's coefficients B (B, N, D), the sticky histogram and the number of
+tokens absorbed; the memory is emptied once it has absorbed `threshold` tokens (the official GPT-2 code's
+`mem_threshold` = 2048 for language modelling) and at the start of each conversation (dialogue).
+`kind: compressive` needs an adapter that `papers/infinity_former/compressive.py` does not provide yet (its
+memory is keys of the self-attention itself, not an added attention): building it raises a clear error.
+
+After each block the carried state is detached (truncated back-propagation, PAPERS.md §5).
+
+`kind: window` is a trivial memory of ours used to test the hook and as a sanity baseline: ordinary softmax
+attention over the last `mem_len` block inputs with its own key/value/output projections (output projection
+initialised to zero, so that a pretrained GPT-2 starts unchanged). `kind: none` is plain GPT-2 (the "GPT-2" and
+"GPT-2 w/o doc" rows: each 512-token block sees nothing of the previous ones).
+
+Deviations from the official code (deep-spin/infinite-former `finetune_gpt2`, `document_grounded_generation`):
+- targets are the inputs shifted by one across block boundaries, so the first token of every block is
+  predicted from the block before; the official `run_clm` / `DoGDataset` score each block on its own;
+- AdamW and a linear decay to 0 over `trainer.max_steps` (the official: the same, over 3 epochs) — see
+  `FinetuneOptim`;
+- the official GPT-2 attention applied one dropout to `c_proj(a) + Z`; here GPT-2's own attention output is
+  dropped out inside `transformers` and `Z` gets its own dropout mask (same rate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
+
+IGNORE = -100
+
+
+# ------------------------------------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class GPT2Settings:
+    pretrained: str | None = None  # "gpt2": pretrained weights from the hub (paper); None: random GPT2Config (tiny)
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    n_positions: int = 512  # GPT-2's window; the blocks fed to it are at most this long
+    dropout: float = 0.1  # GPT-2's resid / embd / attn dropout (the pretrained model's 0.1)
+
+    def __post_init__(self):
+        if self.pretrained is None and self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+
+
+@dataclass(frozen=True)
+class MemoryHook:
+    kind: Literal["none", "window", "ltm", "compressive"] = "none"
+    layers: tuple[int, ...] | None = None  # layers with a memory (None: all)
+    args: dict[str, Any] = field(default_factory=dict)  # passed to the memory's constructor
+
+    def __post_init__(self):
+        if self.kind not in ("none", "window", "ltm", "compressive"):
+            raise ValueError(f"memory kind is none | window | ltm | compressive, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class FinetuneOptim:
+    """AdamW with a linear decay to 0 over `trainer.max_steps` (the official fine-tuning: lr 5e-5)."""
+
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["linear", "constant"] = "linear"
+
+    def factor(self, step: int, max_steps: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        span = max(1, max_steps - self.warmup_steps)
+        return max(0.0, 1.0 - (step - self.warmup_steps) / span)
+
+
+# ---------------------------------------------------------------------------------------------- the hook
+class LayerMemory(nn.Module):
+    """The contract of a layer's memory (see the module docstring)."""
+
+    def init_state(self, batch: int, device, dtype) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def update(self, state: dict[str, torch.Tensor], x_BLD: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def attend(self, q_BHTd: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def extra_loss(self) -> torch.Tensor | None:
+        return None
+
+
+class WindowMemory(LayerMemory):
+    """Softmax attention over the last `mem_len` hidden states that left the window (a trivial memory)."""
+
+    def __init__(self, d_model: int, n_head: int, mem_len: int = 512):
+        super().__init__()
+        if mem_len <= 0:
+            raise ValueError(f"window memory needs mem_len > 0, got {mem_len}")
+        self.d_model, self.n_head, self.mem_len = d_model, n_head, mem_len
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        nn.init.zeros_(self.out.weight)  # a pretrained GPT-2 starts as it was
+        nn.init.zeros_(self.out.bias)
+
+    def init_state(self, batch, device, dtype):
+        return {"x": torch.zeros(batch, 0, self.d_model, device=device, dtype=dtype)}
+
+    def update(self, state, x_BLD):
+        return {"x": torch.cat([state["x"], x_BLD], dim=1)[:, -self.mem_len :]}
+
+    def attend(self, q_BHTd, state):
+        x = state["x"]
+        if x.shape[1] == 0:
+            return None
+        b, h, t, d = q_BHTd.shape
+        k, v = self.kv(x.to(q_BHTd.dtype)).view(b, -1, 2, h, d).permute(2, 0, 3, 1, 4)  # 2 × (B, H, M, d)
+        att = torch.softmax(q_BHTd @ k.transpose(-1, -2) / math.sqrt(d), dim=-1)
+        z = (att @ v).transpose(1, 2).reshape(b, t, h * d)
+        return self.out(z)
+
+
+class LTMLayerMemory(LayerMemory):
+    """The ∞-former's continuous long-term memory (`ContinuousLTM`) behind the hook.
+
+    Args (from `memory_hook.args`): `ltm` (an `LTMConfig` dict: N, widths, ridge, τ, samples, sticky, bins, σ₀,
+    λ_KL, gate), `threshold` (tokens absorbed before the memory is emptied; None: never)."""
+
+    def __init__(self, d_model: int, n_head: int, ltm: dict | None = None, threshold: int | None = None):
+        super().__init__()
+        from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
+
+        args = dict(ltm or {})
+        if isinstance(args.get("widths"), list):
+            args["widths"] = tuple(args["widths"])
+        self.cfg = LTMConfig(**args)
+        if threshold is not None and threshold <= 0:
+            raise ValueError(f"the LTM threshold must be positive or null, got {threshold}")
+        self.threshold, self.d_model = threshold, d_model
+        self.ltm = ContinuousLTM(d_model=d_model, n_head=n_head, d_head=d_model // n_head, cfg=self.cfg)
+        self._loss: torch.Tensor | None = None
+
+    def init_state(self, batch, device, dtype):
+        return {"coef": torch.zeros(batch, 0, self.d_model, device=device),
+                "hist": torch.zeros(batch, 0, device=device),
+                "count": torch.zeros(batch, dtype=torch.long, device=device)}
+
+    def update(self, state, x_BLD):
+        if self.threshold is not None and bool((state["count"] >= self.threshold).any()):
+            state = self.init_state(x_BLD.shape[0], x_BLD.device, x_BLD.dtype)  # the official memory threshold
+        coef = state["coef"] if state["coef"].shape[1] else None
+        hist = state["hist"] if state["hist"].shape[-1] else None
+        coef, _ = self.ltm.update(coef, x_BLD, hist_BK=hist)  # refit (§3.2), sticky sample points (§3.3)
+        return {"coef": coef, "hist": state["hist"], "count": state["count"] + x_BLD.shape[1]}
+
+    def attend(self, q_BHTd, state):
+        from papers.infinity_former.ltm import attention_histogram, kl_to_sigma0
+
+        self._loss = None
+        if state["coef"].shape[1] == 0:
+            return None
+        out, mu, var = self.ltm.attend(q_BHTd, state["coef"])
+        if self.cfg.sampling == "sticky":
+            with torch.no_grad():  # where this block's queries looked: the next update's sampling histogram
+                state["hist"] = attention_histogram(mu.detach(), var.detach(), self.cfg.n_bins)
+        if self.training and self.cfg.kl_weight:
+            self._loss = self.cfg.kl_weight * kl_to_sigma0(var, self.cfg.sigma_0).mean()
+        return out
+
+    def extra_loss(self):
+        return self._loss
+
+
+def build_layer_memory(hook: MemoryHook, d_model: int, n_head: int, layer: int) -> LayerMemory:
+    if hook.kind == "window":
+        return WindowMemory(d_model, n_head, **hook.args)
+    if hook.kind == "ltm":
+        return LTMLayerMemory(d_model, n_head, **hook.args)
+    if hook.kind == "compressive":
+        raise ValueError(
+            "memory kind 'compressive' has no GPT-2 adapter yet: the compressive memory "
+            "(papers/infinity_former/compressive.py) extends the self-attention's keys, which the added-attention "
+            "hook of papers/infinity_former/gpt2.py does not express; see that file's docstring"
+        )
+    raise ValueError(f"no layer memory for kind {hook.kind!r}")
+
+
+class _Runtime:
+    """What the attention wrappers read during one forward pass: each layer's memory state."""
+
+    def __init__(self):
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.queries: dict[int, torch.Tensor] = {}  # tests look at them
+        self.record_queries = False
+
+
+class MemoryAttention(nn.Module):
+    """GPT-2's self-attention plus a `LayerMemory`'s contribution (added after `c_proj`)."""
+
+    def __init__(self, inner: nn.Module, memory: LayerMemory, layer: int, runtime: _Runtime):
+        super().__init__()
+        self.inner, self.memory, self.layer = inner, memory, layer
+        self._runtime = [runtime]  # a list: not registered as a submodule
+
+    def forward(self, hidden_states, *args, **kwargs):
+        out = self.inner(hidden_states, *args, **kwargs)
+        rt = self._runtime[0]
+        state = rt.states.get(self.layer)
+        if state is None:
+            return out
+        d = self.inner.embed_dim
+        q = self.inner.c_attn(hidden_states)[..., :d]
+        b, t, _ = q.shape
+        q = q.view(b, t, self.inner.num_heads, self.inner.head_dim).transpose(1, 2)  # (B, H, T, d)
+        if rt.record_queries:
+            rt.queries[self.layer] = q
+        z = self.memory.attend(q, state)
+        if z is None:
+            if self.training and torch.is_grad_enabled():
+                # an empty memory (a stream's or conversation's first block) still touches its parameters with a
+                # zero, so that DDP finds a (zero) gradient for every parameter at every step
+                touch = sum(p.sum() for p in self.memory.parameters()) * 0.0
+                return (out[0] + touch.to(out[0].dtype), *out[1:])
+            return out
+        attn_output = out[0] + self.inner.resid_dropout(z.to(out[0].dtype))
+        return (attn_output, *out[1:])
+
+
+# ------------------------------------------------------------------------------------------------ backbone
+# shapes of the pretrained checkpoints (their config.json); the vocabulary is the tokenizer's (+ special tokens)
+PRETRAINED_SHAPES = {"gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024}}
+
+
+class GPT2WithMemory(nn.Module):
+    """`GPT2LMHeadModel` + memory hook, with the repository's model interface:
+    `forward(tokens_BT, mems, ..., types=None) -> (hidden_BTD, new_mems)`, `nll`, `logits`."""
+
+    def __init__(self, settings: GPT2Settings, hook: MemoryHook, n_token: int):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.settings, self.hook = settings, hook
+        drop = {"resid_pdrop": settings.dropout, "embd_pdrop": settings.dropout, "attn_pdrop": settings.dropout}
+        if settings.pretrained:
+            # the architecture of the checkpoint; its weights are copied in by `load_pretrained` (at fit start), so
+            # that describing a config or testing a checkpoint needs no network. A local directory written by
+            # `save_pretrained` works too (its config.json gives the shapes).
+            local = Path(settings.pretrained) / "config.json"
+            if settings.pretrained in PRETRAINED_SHAPES:
+                shapes = PRETRAINED_SHAPES[settings.pretrained]
+            elif local.exists():
+                c = GPT2Config.from_json_file(str(local))
+                shapes = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_positions": c.n_positions}
+            else:
+                raise ValueError(f"pretrained model {settings.pretrained!r} unknown; known: "
+                                 f"{sorted(PRETRAINED_SHAPES)} or a directory with a config.json")
+            cfg = GPT2Config(vocab_size=n_token, **shapes, **drop)
+        else:
+            cfg = GPT2Config(vocab_size=n_token, n_positions=settings.n_positions, n_embd=settings.n_embd,
+                             n_layer=settings.n_layer, n_head=settings.n_head, bos_token_id=None,
+                             eos_token_id=None, **drop)  # GPT-2's 50256 is not in a small vocabulary
+        self.lm = GPT2LMHeadModel(cfg)
+        self.lm.config.use_cache = False
+        cfg = self.lm.config
+        self.d_model, self.n_layer = cfg.n_embd, cfg.n_layer
+        self.n_positions = cfg.n_positions
+        self._runtime = _Runtime()
+        self.layers = tuple(range(self.n_layer)) if hook.layers is None else tuple(hook.layers)
+        if hook.kind == "none":
+            self.layers = ()
+        bad = [l for l in self.layers if not 0 <= l < self.n_layer]
+        if bad:
+            raise ValueError(f"memory layers {bad} do not exist in a {self.n_layer}-layer GPT-2")
+        self.memories = nn.ModuleDict()
+        for l in self.layers:
+            mem = build_layer_memory(hook, self.d_model, cfg.n_head, l)
+            self.memories[str(l)] = mem
+            block = self.lm.transformer.h[l]
+            block.attn = MemoryAttention(block.attn, mem, l, self._runtime)
+            block.register_forward_pre_hook(self._capture(l), with_kwargs=True)
+        self.supports_memory = bool(self.layers)
+        self._keys: dict[int, tuple[str, ...]] = {}
+
+    @torch.no_grad()
+    def load_pretrained(self) -> None:
+        """Copy the pretrained checkpoint's weights in (hub download on first use). The rows of tokens added after
+        its vocabulary (the dialogue's special tokens) keep their initialisation; the memories are new."""
+        from transformers import GPT2LMHeadModel
+
+        name = self.settings.pretrained
+        try:
+            src = GPT2LMHeadModel.from_pretrained(name).state_dict()
+        except Exception as err:
+            raise ValueError(f"could not load the pretrained {name!r} weights from the Hugging Face hub ({err}); the "
+                             "paper profile needs network access once (or a filled hub cache, HF_HOME)") from err
+        own = self.lm.state_dict()
+        renamed = {}
+        for key, value in src.items():
+            ours = key.replace(".attn.", ".attn.inner.") if any(
+                key.startswith(f"transformer.h.{l}.attn.") for l in self.layers) else key
+            if ours not in own:
+                continue
+            if value.shape != own[ours].shape:  # the embedding / tied output rows: the base vocabulary only
+                if value.shape[1:] != own[ours].shape[1:] or value.shape[0] > own[ours].shape[0]:
+                    raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} does not fit "
+                                     f"{tuple(own[ours].shape)}")
+                own[ours][: value.shape[0]].copy_(value)
+                continue
+            renamed[ours] = value
+        missing, unexpected = self.lm.load_state_dict(renamed, strict=False)
+        left = [k for k in missing if ".memory." not in k and k not in ("transformer.wte.weight", "lm_head.weight")
+                and not k.endswith(".attn.bias") and not k.endswith(".attn.masked_bias")]
+        if left or unexpected:
+            raise ValueError(f"pretrained weights did not fit: missing {left[:5]}, unexpected {unexpected[:5]}")
+
+    def _capture(self, layer: int):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            self._runtime.inputs[layer] = x
+        return hook
+
+    # -------------------------------------------------------------------------------- flat memory lists
+    def _flatten(self, states: dict[int, dict[str, torch.Tensor]], pending: dict[int, torch.Tensor]):
+        flat = []
+        for l in self.layers:
+            keys = tuple(states[l])
+            self._keys[l] = keys
+            flat += [states[l][k].detach() for k in keys] + [pending[l].detach()]
+        return flat
+
+    def _unflatten(self, flat: list[torch.Tensor]):
+        states, pending, i = {}, {}, 0
+        for l in self.layers:
+            keys = self._keys.get(l)
+            if keys is None:  # restored from a checkpoint: the key order of a fresh state
+                keys = tuple(self.memories[str(l)].init_state(1, "cpu", torch.float32))
+                self._keys[l] = keys
+            states[l] = dict(zip(keys, flat[i : i + len(keys)]))
+            pending[l] = flat[i + len(keys)]
+            i += len(keys) + 1
+        if i != len(flat):
+            raise ValueError(f"the memory holds {len(flat)} tensors, this model's layers expect {i}")
+        return states, pending
+
+    # --------------------------------------------------------------------------------------------- forward
+    def forward(self, tokens_BT, mems=None, *, mem_len: int = 0, clamp_len: int = -1, same_length: bool = False,
+                kv_memory: bool = False, types: torch.Tensor | None = None):
+        """Hidden states after the final layer norm (B, T, D) and the memory to carry to the next block."""
+        b, t = tokens_BT.shape
+        if t > self.n_positions:
+            raise ValueError(f"a block of {t} tokens exceeds GPT-2's {self.n_positions} positions")
+        rt = self._runtime
+        rt.states, rt.inputs = {}, {}
+        dtype = self.lm.transformer.wte.weight.dtype
+        if self.layers:
+            if mems is None:
+                states = {l: self.memories[str(l)].init_state(b, tokens_BT.device, dtype) for l in self.layers}
+                pending = {l: torch.zeros(b, 0, self.d_model, device=tokens_BT.device, dtype=dtype)
+                           for l in self.layers}
+            else:
+                states, pending = self._unflatten(mems)
+            for l in self.layers:
+                if pending[l].shape[1]:
+                    states[l] = self.memories[str(l)].update(states[l], pending[l])
+            rt.states = states
+        out = self.lm.transformer(input_ids=tokens_BT, token_type_ids=types, use_cache=False)
+        hidden = out.last_hidden_state
+        new_mems = None
+        if self.layers:
+            new_mems = self._flatten(rt.states, {l: rt.inputs[l] for l in self.layers})
+        rt.states = {}
+        rt.inputs = {}
+        return hidden, new_mems
+
+    def absorb(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        """The memory with its pending block absorbed (generation reuses it for every new token)."""
+        if mems is None or not self.layers:
+            return mems
+        states, pending = self._unflatten(mems)
+        for l in self.layers:
+            if pending[l].shape[1]:
+                states[l] = self.memories[str(l)].update(states[l], pending[l])
+                pending[l] = pending[l][:, :0]
+        return self._flatten(states, pending)
+
+    def logits(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(hidden_BTD)
+
+    def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL in float32, 0 where the target is IGNORE (−100)."""
+        logits = self.logits(hidden_BTD).float()
+        return F.cross_entropy(logits.transpose(1, 2), target_BT, ignore_index=IGNORE, reduction="none")
+
+    def extra_loss(self) -> torch.Tensor | None:
+        losses = [l for m in self.memories.values() if (l := m.extra_loss()) is not None]
+        return torch.stack([x.float() for x in losses]).sum() if losses else None
+
+
+# ------------------------------------------------------------------------------------------ LightningModule
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Dialogue decoding at test time (PAPERS.md §2): nucleus sampling, scored with F1 / ROUGE / METEOR."""
+
+    enabled: bool = False
+    top_p: float = 0.9
+    temperature: float = 1.0
+    max_tokens: int = 50
+    seed: int = 0
+    meteor: bool = True  # requires WordNet; the run stops with instructions when it is missing
+    output: str | None = None  # JSONL of the generated responses (also logged to MLflow)
+
+
+class GPT2MemoryLM(SegmentLM):
+    """GPT-2 fine-tuning (language modelling on ordered blocks, or grounded dialogue) with an optional memory.
+
+    Batches are `repro.data.lm.Segment` (LM streams: the memory runs on across the whole split) or
+    `repro.text.dialogue.DialogueChunk` (a conversation's pieces: the memory is reset at each conversation's first
+    piece; targets of −100 are not scored; `types` are the official token-type ids).
+
+    Args:
+        model: `GPT2Settings`.
+        memory_hook: `MemoryHook` (none | window | ltm | compressive, which layers, their arguments, λ_KL).
+        optim: `FinetuneOptim`.
+        generation: `GenerationSettings` (dialogue test runs only).
+        n_token: vocabulary size, linked from the data module (the tokenizer with its special tokens).
+    """
+
+    def __init__(self, model: GPT2Settings | dict = GPT2Settings(), memory_hook: MemoryHook | dict = MemoryHook(),
+                 optim: FinetuneOptim | dict = FinetuneOptim(),
+                 generation: GenerationSettings | dict = GenerationSettings(), n_token: int = 0):
+        if n_token <= 0:
+            raise ValueError("n_token must come from the data (the tokenizer's size)")
+        self.settings = coerce(GPT2Settings, model)
+        hook = memory_hook
+        if isinstance(hook, dict) and isinstance(hook.get("layers"), list):
+            hook = {**hook, "layers": tuple(hook["layers"])}
+        self.hook = coerce(MemoryHook, hook)
+        self.finetune = coerce(FinetuneOptim, optim)
+        self.generation = coerce(GenerationSettings, generation)
+        super().__init__(n_token=n_token, memory=MemorySettings(), eval_memory=None,
+                         optim=OptimConfig(lr=self.finetune.lr, schedule="constant"), eval_protocol=EvalProtocol())
+        self.save_hyperparameters({"model": asdict(self.settings), "memory_hook": asdict(self.hook),
+                                   "optim": asdict(self.finetune), "generation": asdict(self.generation),
+                                   "n_token": n_token})
+        self.generated: list[dict[str, Any]] = []
+
+    def build_model(self) -> GPT2WithMemory:
+        return GPT2WithMemory(self.settings, self.hook, self.n_token)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # fine-tuning starts from the pretrained weights (a checkpoint being resumed overwrites them afterwards)
+        if stage == "fit" and self.settings.pretrained:
+            self.model.load_pretrained()
+
+    # ------------------------------------------------------------------------------------------------- steps
+    def _run(self, split: str, batch):
+        if getattr(batch, "reset", False):
+            self._mems[split] = None
+        hidden, self._mems[split] = self.model(batch.input, self._mems[split], types=getattr(batch, "types", None))
+        nll = self.model.nll(hidden, batch.target)
+        return nll, batch.target != IGNORE
+
+    def training_step(self, batch, batch_idx):
+        nll, mask = self._run("train", batch)
+        n = mask.sum()
+        loss = nll.sum() / n.clamp(min=1)
+        total = loss
+        aux = self.model.extra_loss()
+        if aux is not None:
+            total = loss + aux
+            self.log("train/aux_loss", aux.detach())
+        self.tokens_seen += n * self.trainer.world_size
+        self.train_batches += 1
+        self.log("train/loss", loss.detach(), prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach()))
+        self.log("train/bpc", loss.detach() / math.log(2))
+        return total
+
+    def _eval_step(self, split: str, batch) -> None:
+        nll, mask = self._run(split, batch)
+        self.nll_metrics[split].update(nll[mask])
+
+    def configure_optimizers(self):
+        o = self.finetune
+        opt = torch.optim.AdamW(self.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
+        if o.schedule == "linear" and max_steps <= 0:
+            raise ValueError("the linear schedule decays over trainer.max_steps: set --trainer.max_steps")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: o.factor(s, max_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------------- generation
+    @torch.no_grad()
+    def respond(self, context: list[int], types: list[int], *, stop: set[int], generator: torch.Generator,
+                block: int, responder_type: int) -> list[int]:
+        """Nucleus-sample a response after `context` (which ends with the responder's speaker token).
+
+        As the official `sample_sequence`: the context is cut from the end into pieces, the last one leaving room
+        for `max_tokens` new tokens; the earlier pieces go through the model in order to fill its memory (skipped
+        for a model without memory: they cannot affect it), then each new token is drawn from the model run on
+        the last piece plus the tokens drawn so far, with the memory as it was after the earlier pieces."""
+        from repro.generate_text import SamplingSettings, sample_response
+        from repro.text.dialogue import pieces_from_end
+
+        g = self.generation
+        settings = SamplingSettings(top_p=g.top_p, temperature=g.temperature, max_tokens=g.max_tokens)
+        dev = self.device
+        ids = torch.tensor(context, dtype=torch.long, device=dev)
+        typ = torch.tensor(types, dtype=torch.long, device=dev)
+        spans = pieces_from_end(len(context), block, last=max(1, block - g.max_tokens - 1))
+        mems = None
+        if self.model.supports_memory:
+            # sticky memories draw their sample points from torch's global generator: seed it from `generator`
+            # for this response only, so that a response depends on its seed alone
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+                for a, b in spans[:-1]:
+                    _, mems = self.model(ids[None, a:b], mems, types=typ[None, a:b])
+                mems = self.model.absorb(mems)  # refit once, not at every drawn token
+        a, b = spans[-1]
+
+        def next_logits(generated: list[int]) -> torch.Tensor:
+            extra = torch.tensor(generated, dtype=torch.long, device=dev)
+            inp = torch.cat([ids[a:b], extra])[None]
+            tt = torch.cat([typ[a:b], torch.full_like(extra, responder_type)])[None]
+            hidden, _ = self.model(inp, mems, types=tt)
+            return self.model.logits(hidden[0, -1]).float()
+
+        return sample_response(next_logits, settings, generator, stop)
+
+    def on_test_epoch_end(self) -> None:
+        super().on_test_epoch_end()
+        if self.generation.enabled:
+            self._generate_and_score()
+
+    def _generate_and_score(self) -> None:
+        import json
+
+        import torch.distributed as dist
+
+        from repro.metrics.text import corpus_scores, wordnet
+
+        dm = self.trainer.datamodule
+        if not hasattr(dm, "response_examples"):
+            raise ValueError("generation.enabled needs a dialogue data module (repro.text.dialogue)")
+        if self.generation.meteor:
+            wordnet()  # stops here, with instructions, before any sampling when WordNet is missing
+        tok = dm.tokenizer
+        examples = dm.response_examples("test")
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        stop = {tok.id(t) for t in ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>")}
+        rows = []
+        for k in range(rank, len(examples), world):
+            ex = examples[k]
+            gen = torch.Generator().manual_seed(self.generation.seed * 1_000_003 + k)  # per example: DDP-invariant
+            out = self.respond(ex.context, ex.context_types, stop=stop, generator=gen, block=dm.block_size,
+                               responder_type=ex.context[-1])
+            rows.append({"index": k, "conversation": ex.conversation, "turn": ex.turn,
+                         "prediction": tok.decode(out), "reference": ex.reference})
+        if world > 1 and dist.is_available() and dist.is_initialized():
+            parts: list = [None] * world
+            dist.all_gather_object(parts, rows)
+            rows = sorted((r for p in parts for r in p), key=lambda r: r["index"])
+        self.generated = rows
+        scores = corpus_scores([r["prediction"] for r in rows], [r["reference"] for r in rows],
+                               with_meteor=self.generation.meteor)
+        for name, value in scores.items():
+            self.log(f"test/{name}", float(value), sync_dist=False)
+        self.log("test/responses", float(len(rows)), sync_dist=False)
+        if rank == 0 and self.generation.output:
+            from repro.io import atomic_write_text
+
+            atomic_write_text(self.generation.output, "".join(json.dumps(r) + "\n" for r in rows))
+            lg = self.logger
+            if lg is not None and hasattr(lg, "run_id") and hasattr(lg.experiment, "log_artifact"):
+                lg.experiment.log_artifact(lg.run_id, self.generation.output)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(memory=self.hook.kind, memory_layers=list(self.model.layers),
+                   pretrained=self.settings.pretrained)
+        return out

@@ -1,0 +1,326 @@
+"""The ∞-former's continuous long-term memory (Martins, Marinho, Martins; ACL 2022, arXiv 2109.00301, §3),
+as a backbone-independent module: anything that has queries (B, H, T, E) and a stream of vectors (B, P, D) to
+remember can use it (the Transformer-XL backbone in `model.py`; a GPT-2 block later).
+
+Layout legend: B batch, H heads, T queries, E per-head width, D width of the remembered vectors, N basis
+functions, P vectors fitted at one update, M samples of the old signal, K histogram bins (the paper's D).
+
+The mechanism, with the paper's equations:
+- A sequence X (P×D) at positions t_i ∈ [0, 1] becomes a continuous signal X̄(t) = Bᵀψ(t) (Eq. 3), ψ a vector of
+  N Gaussian radial basis functions (centres on [0, 1], a few widths). B by ridge regression,
+  Bᵀ = XᵀFᵀ(FFᵀ + λI)⁻¹ = XᵀG (Eq. 5); G depends only on the positions and is computed once per geometry.
+- The smoothing gate X̃ = sigmoid(Conv1d_k=3(X)) ⊙ X comes before the regression (§3.4, Eq. 17).
+- LTM keys and values per head: K_h = B W_K, V_h = B W_V (Eq. 7): the cost depends on N, not on the context.
+- Each query gets a Gaussian density N(t; μ, σ²) with μ = sigmoid(affine(K q/√E)) and σ² = softplus(affine(K q/√E))
+  (Eq. 8–9); the head output is z = Vᵀ E_p[ψ(t)] (Eq. 10), in closed form for Gaussian ψ and Gaussian p;
+  the heads are concatenated and projected (W^O, Eq. 11).
+- Unbounded memory (§3.2): sample the old signal at M points, contract them into [0, τ] (X̄(t/τ), Eq. 13–14),
+  put the P new vectors on ]τ, 1] and refit. The M sample points are linearly spaced or, with sticky memories
+  (§3.3, Eq. 16), drawn from a K-bin histogram of the attention mass the previous step put on each bin
+  (integrals of the query Gaussians, via erf), so that attended regions keep more room in the next signal.
+- KL regulariser (§3.4, Eq. 18–19): KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1).
+
+Details taken from the official code (deep-spin/infinite-former, `sorting/long_term_attention.py`,
+`basis_functions.py`, `continuous_softmax.py`; facts only):
+- E_p[ψ_j] is the integral over the whole real line: N(μ; μ_j, σ² + σ_j²).
+- The regression is padded: F is also evaluated at positions outside [0, 1] where the signal is taken to be zero
+  (a grid of spacing 1/n, n/2 points on each side for n fitted positions), so the fit does not bend at the edges;
+  only the rows of G of the real positions are kept. For an even number n of evenly spaced positions
+  ((i + ½)/n) our grid is the official one exactly.
+- Centres: N/|widths| points on linspace(0, 1) for each width. σ² is clamped at ≥ 1e-6 (sorting).
+- The update puts the M old samples at t = kτ/M (k = 1..M), read from the old signal at k/M, and the P new
+  vectors at t = τ + (1 − τ)k/P (k = 1..P). The first fit (no old signal yet) spreads the P vectors evenly on
+  [0, 1] at (i + ½)/P.
+- The affine maps for μ and σ² are Linear(N → 1) without bias, shared by the heads; the queries are the
+  self-attention's queries; the LTM attention output is added to the self-attention output.
+- The KL term of a layer is averaged over batch, heads and queries (the official `kl_reg.mean()`, summed over
+  layers) and weighted by λ_KL; the paper writes a sum.
+
+Deviations from the official code (see papers/infinity_former/README.md):
+- Sticky memories draw each sample point uniformly inside its histogram bin (a sample from the histogram's
+  piecewise-constant density); the official code draws only the bin and takes its left edge.
+- The paper's KL formula has −log(σ/σ₀) inside the ½(…); the official code (and ours) uses −log(σ²/σ₀²), the
+  correct KL divergence.
+- The regression and the continuous attention run in float32 even under bf16 autocast (G has entries of both
+  signs and the fit is a long sum: bf16 would lose it).
+- The official padding grid for the update (M + P positions) uses shift 1/(2P + M) and a slice that assumes
+  exactly (M + P)/2 pad points per side; ours builds the pad grid with spacing 1/(M + P) directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LTMConfig:
+    """The long-term memory's hyper-parameters; defaults are the official sorting settings (PAPERS.md §2)."""
+
+    n_basis: int = 512  # N (the official sorting script; the paper's Figure 3 used 1024)
+    widths: tuple[float, ...] = (0.01, 0.05)  # σ_j of the Gaussian RBFs (GPT-2 runs: 0.005, 0.01)
+    ridge: float = 1.0  # λ of the ridge regression (GPT-2 runs: 0.5)
+    tau: float = 0.75  # contraction factor τ of the unbounded memory (GPT-2 runs: 0.5)
+    n_samples: int = 512  # M, samples of the old signal at each update
+    sampling: Literal["linear", "sticky"] = "linear"
+    n_bins: int = 128  # K, bins of the sticky-memory histogram (the official GPT-2 code: 128)
+    gate: bool = True  # the Conv1d smoothing gate (§3.4)
+    sigma_0: float = 0.05  # σ₀ of the KL regulariser
+    kl_weight: float = 1e-6  # λ_KL
+    min_var: float = 1e-6  # σ² clamp (official sorting code)
+    pad_regression: bool = True  # zero padding outside [0, 1] in the regression (official)
+
+    def __post_init__(self):
+        if self.n_basis <= 0 or not self.widths:
+            raise ValueError("ltm.n_basis must be positive and ltm.widths non-empty")
+        if self.n_basis % len(self.widths):
+            raise ValueError(
+                f"ltm.n_basis = {self.n_basis} does not split into {len(self.widths)} widths: use a multiple of "
+                f"{len(self.widths)} (the centres are N/|widths| points per width)"
+            )
+        if any(w <= 0 for w in self.widths) or self.ridge < 0:
+            raise ValueError("ltm.widths must be positive and ltm.ridge ≥ 0")
+        if not 0.0 < self.tau < 1.0:
+            raise ValueError(f"ltm.tau lies in ]0, 1[, got {self.tau}")
+        if self.n_samples <= 0 or self.n_bins <= 0:
+            raise ValueError("ltm.n_samples and ltm.n_bins must be positive")
+        if self.sampling not in ("linear", "sticky"):
+            raise ValueError(f"ltm.sampling is 'linear' or 'sticky', got {self.sampling!r}")
+        if self.sigma_0 <= 0 or self.kl_weight < 0 or self.min_var <= 0:
+            raise ValueError("ltm.sigma_0 and ltm.min_var must be positive, ltm.kl_weight ≥ 0")
+
+
+# ------------------------------------------------------------------------------------------ basis functions
+
+
+def rbf_centres(n_basis: int, widths: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(μ_N, σ_N): N/|widths| centres on linspace(0, 1) for each width (float64)."""
+    per = n_basis // len(widths)
+    centres = torch.linspace(0.0, 1.0, per, dtype=torch.float64)
+    mu = centres.repeat_interleave(len(widths))
+    sigma = torch.tensor(widths, dtype=torch.float64).repeat(per)
+    return mu, sigma
+
+
+def gaussian(t: torch.Tensor, mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """N(t; μ, σ²) (broadcasting)."""
+    return torch.exp(-0.5 * (t - mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
+
+
+def evaluate_basis(t: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -> torch.Tensor:
+    """ψ(t) for every t: (…, N)."""
+    return gaussian(t[..., None], mu_N, sigma_N**2)
+
+
+def expected_basis(mu: torch.Tensor, var: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -> torch.Tensor:
+    """E_{N(t; μ, σ²)}[ψ_j(t)] = ∫ N(t; μ, σ²) N(t; μ_j, σ_j²) dt = N(μ; μ_j, σ² + σ_j²), (…, N)."""
+    return gaussian(mu[..., None], mu_N, var[..., None] + sigma_N**2)
+
+
+def ridge_matrix(positions: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor, *, ridge: float,
+                 pad: bool = True) -> torch.Tensor:
+    """G (P, N) with Bᵀ = XᵀG for vectors X (P×D) at `positions`: G = Fᵀ(FFᵀ + λI)⁻¹ (Eq. 5), in float64.
+
+    With `pad`, F also holds ψ at a grid of spacing 1/P outside [0, 1] (P/2 points on each side) where the
+    signal is taken to be zero; only the rows of the real positions are returned."""
+    t = positions.to(torch.float64)
+    n = t.numel()
+    if pad:
+        k = torch.arange(n // 2, dtype=torch.float64)
+        left = -(k + 0.5) / n
+        right = 1 + (k + 0.5) / n
+        t_all = torch.cat([left.flip(0), t, right])
+    else:
+        t_all = t
+    F_NP = evaluate_basis(t_all, mu_N, sigma_N).T  # (N, P_all)
+    A = F_NP @ F_NP.T + ridge * torch.eye(F_NP.shape[0], dtype=torch.float64)
+    G = torch.linalg.solve(A, F_NP).T  # (P_all, N) = Fᵀ A⁻¹ (A symmetric)
+    return G[n // 2 : n // 2 + n] if pad else G
+
+
+def fit_positions(n: int) -> torch.Tensor:
+    """Evenly spaced positions (i + ½)/n on [0, 1] of a first fit."""
+    return (torch.arange(n, dtype=torch.float64) + 0.5) / n
+
+
+def update_positions(n_old: int, n_new: int, tau: float) -> torch.Tensor:
+    """Positions of an update (§3.2): old samples at kτ/M (k = 1..M), new vectors at τ + (1 − τ)k/P (k = 1..P)."""
+    old = torch.arange(1, n_old + 1, dtype=torch.float64) * tau / n_old
+    new = tau + (1 - tau) * torch.arange(1, n_new + 1, dtype=torch.float64) / n_new
+    return torch.cat([old, new])
+
+
+def linear_samples(n_samples: int) -> torch.Tensor:
+    """Linearly spaced sample points k/M (k = 1..M) at which the old signal is read."""
+    return torch.arange(1, n_samples + 1, dtype=torch.float64) / n_samples
+
+
+# ---------------------------------------------------------------------------------------- sticky memories
+
+
+def bin_mass(mu: torch.Tensor, var: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """∫ over each of K equal bins of [0, 1] of N(t; μ, σ²), via erf (Eq. 16–17): (…, K)."""
+    edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=mu.dtype, device=mu.device)
+    z = (edges - mu[..., None]) / torch.sqrt(2 * var[..., None])
+    cdf = 0.5 * (1 + torch.erf(z))
+    return cdf[..., 1:] - cdf[..., :-1]
+
+
+def attention_histogram(mu_BHT: torch.Tensor, var_BHT: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """p(d_k) ∝ Σ_h Σ_i ∫_{d_k} N(t; μ_hi, σ²_hi) dt (Eq. 16), unnormalised: (B, K)."""
+    b = mu_BHT.shape[0]
+    return bin_mass(mu_BHT.reshape(b, -1), var_BHT.reshape(b, -1), n_bins).sum(1)
+
+
+def sticky_samples(hist_BK: torch.Tensor, n_samples: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """M sample points per row drawn from the histogram's piecewise-constant density, sorted: (B, M).
+
+    A bin is chosen with probability proportional to its mass, then a point uniformly inside it."""
+    b, k = hist_BK.shape
+    p = hist_BK.double().clamp(min=0)
+    empty = p.sum(1, keepdim=True) <= 0
+    p = torch.where(empty, torch.ones_like(p), p)  # no attention mass on [0, 1] at all: uniform
+    bins = torch.multinomial(p / p.sum(1, keepdim=True), n_samples, replacement=True, generator=generator)
+    u = torch.rand(b, n_samples, dtype=torch.float64, generator=generator, device=hist_BK.device)
+    return ((bins.double() + u) / k).sort(dim=1).values
+
+
+def kl_to_sigma0(var: torch.Tensor, sigma_0: float) -> torch.Tensor:
+    """KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), elementwise."""
+    ratio = var / sigma_0**2
+    return 0.5 * (ratio - torch.log(ratio) - 1)
+
+
+# ------------------------------------------------------------------------------------------------ module
+
+
+@dataclass
+class LTMStep:
+    """What one call of `ContinuousLTM.forward` produced (besides its output)."""
+
+    coef_BND: torch.Tensor | None = None  # the signal attended to (detached when stored as memory)
+    mu_BHT: torch.Tensor | None = None
+    var_BHT: torch.Tensor | None = None
+    kl: torch.Tensor | None = None  # mean KL over batch, heads and queries (unweighted)
+    hist_BK: torch.Tensor | None = None  # sticky histogram of this step's attention (detached)
+    regression_error: torch.Tensor | None = None  # relative squared error of the last fit (eval diagnostics)
+
+
+class ContinuousLTM(nn.Module):
+    """Continuous long-term-memory attention: `update` refits the signal with new vectors, `attend` reads it.
+
+    Args:
+        d_model: width D of the remembered vectors and of the output.
+        n_head, d_head: heads and per-head width E of the queries (H·E = width of keys and values).
+        cfg: `LTMConfig`.
+    """
+
+    def __init__(self, *, d_model: int, n_head: int, d_head: int, cfg: LTMConfig):
+        super().__init__()
+        self.cfg, self.n_head, self.d_head = cfg, n_head, d_head
+        he = n_head * d_head
+        self.gate = nn.Conv1d(d_model, d_model, kernel_size=3, padding=1) if cfg.gate else None
+        self.key = nn.Linear(d_model, he, bias=False)  # W_K (Eq. 7)
+        self.value = nn.Linear(d_model, he, bias=False)  # W_V
+        self.mu_net = nn.Linear(cfg.n_basis, 1, bias=False)  # affine for μ (Eq. 8), shared by the heads
+        self.var_net = nn.Linear(cfg.n_basis, 1, bias=False)  # affine for σ² (Eq. 9)
+        self.out = nn.Linear(he, d_model, bias=False)  # W^O (Eq. 11)
+        mu_N, sigma_N = rbf_centres(cfg.n_basis, cfg.widths)
+        self.register_buffer("basis_mu", mu_N.float(), persistent=False)
+        self.register_buffer("basis_sigma", sigma_N.float(), persistent=False)
+        self._G: dict[tuple, torch.Tensor] = {}  # ridge matrices per geometry (positions depend only on sizes)
+
+    # ----------------------------------------------------------------------------------------- regression
+    def ridge_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
+        """G for a first fit of n_new vectors (`kind="fit"`) or an update of n_old samples + n_new vectors."""
+        key = (kind, n_old, n_new, str(device))
+        if key not in self._G:
+            # a constant of the geometry: built outside inference mode so that training can reuse it after evaluation
+            with torch.inference_mode(False):
+                self._G[key] = self._build_G(kind, n_old, n_new, device)
+        return self._G[key]
+
+    def _build_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
+        pos = fit_positions(n_new) if kind == "fit" else update_positions(n_old, n_new, self.cfg.tau)
+        mu, sig = rbf_centres(self.cfg.n_basis, self.cfg.widths)
+        return ridge_matrix(pos, mu, sig, ridge=self.cfg.ridge, pad=self.cfg.pad_regression).float().to(device)
+
+    def smooth(self, x_BPD: torch.Tensor) -> torch.Tensor:
+        """X̃ = sigmoid(Conv1d_k=3(X)) ⊙ X over time (§3.4), or X without the gate."""
+        if self.gate is None:
+            return x_BPD
+        x_BDP = x_BPD.transpose(1, 2)
+        return (torch.sigmoid(self.gate(x_BDP)) * x_BDP).transpose(1, 2)
+
+    def sample_points(self, b: int, hist_BK: torch.Tensor | None, device) -> torch.Tensor:
+        """(B, M) points at which the old signal is read: linear, or drawn from the sticky histogram."""
+        m = self.cfg.n_samples
+        if self.cfg.sampling == "sticky" and hist_BK is not None and hist_BK.shape[-1]:
+            return sticky_samples(hist_BK.to(device), m)
+        return linear_samples(m).to(device).expand(b, m)
+
+    def update(self, coef_BND: torch.Tensor | None, new_BPD: torch.Tensor, *,
+               hist_BK: torch.Tensor | None = None, with_error: bool = False):
+        """The signal after appending `new_BPD` (§3.2): (B, N, D) coefficients [, relative squared fit error].
+
+        Gradients reach the gate through the new vectors; the old coefficients are constants (detached)."""
+        with torch.autocast(new_BPD.device.type, enabled=False):
+            x = self.smooth(new_BPD.float())
+            b, p, _ = x.shape
+            if coef_BND is None or coef_BND.shape[1] == 0:
+                G = self.ridge_G("fit", 0, p, x.device)
+                X = x
+            else:
+                t_BM = self.sample_points(b, hist_BK, x.device)
+                psi_BMN = evaluate_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
+                past_BMD = psi_BMN @ coef_BND.detach().float()  # X̄(t_m), read before contraction
+                G = self.ridge_G("update", self.cfg.n_samples, p, x.device)
+                X = torch.cat([past_BMD, x], dim=1)  # the old samples go to [0, τ], the new ones to ]τ, 1]
+            coef = torch.einsum("pn,bpd->bnd", G, X)  # Bᵀ = XᵀG
+            if not with_error:
+                return coef, None
+            n_old = X.shape[1] - p
+            pos = (fit_positions(p) if n_old == 0 else update_positions(n_old, p, self.cfg.tau)).float().to(x.device)
+            recon = evaluate_basis(pos, self.basis_mu, self.basis_sigma) @ coef  # (B, P_all, D)
+            err = ((recon - X) ** 2).sum((1, 2)) / (X**2).sum((1, 2)).clamp(min=1e-12)
+            return coef, err.mean()
+
+    # ------------------------------------------------------------------------------------------ attention
+    def attend(self, q_BHTE: torch.Tensor, coef_BND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Z_LTM (B, T, D) with the densities' μ and σ² (B, H, T) (Eq. 7–11)."""
+        with torch.autocast(q_BHTE.device.type, enabled=False):
+            b, h, t, e = q_BHTE.shape
+            n = coef_BND.shape[1]
+            coef = coef_BND.float()
+            k_BHNE = self.key(coef).view(b, n, h, e).transpose(1, 2)
+            v_BHNE = self.value(coef).view(b, n, h, e).transpose(1, 2)
+            scores_BHTN = (q_BHTE.float() / math.sqrt(e)) @ k_BHNE.transpose(-1, -2)
+            mu = torch.sigmoid(self.mu_net(scores_BHTN)).squeeze(-1)
+            var = F.softplus(self.var_net(scores_BHTN)).squeeze(-1).clamp(min=self.cfg.min_var)
+            r_BHTN = expected_basis(mu, var, self.basis_mu, self.basis_sigma)
+            z_BHTE = r_BHTN @ v_BHNE  # Vᵀ E_p[ψ]
+            out = self.out(z_BHTE.transpose(1, 2).reshape(b, t, h * e))
+        return out, mu, var
+
+    def forward(self, q_BHTE: torch.Tensor, *, coef_BND: torch.Tensor | None, new_BPD: torch.Tensor | None,
+                hist_BK: torch.Tensor | None = None) -> tuple[torch.Tensor | None, LTMStep]:
+        """Append `new_BPD` to the memory (if any), then attend with the queries. Returns (Z_LTM or None when the
+        memory is still empty, what the step produced)."""
+        step = LTMStep()
+        if new_BPD is not None and new_BPD.shape[1]:
+            coef_BND, step.regression_error = self.update(coef_BND, new_BPD, hist_BK=hist_BK,
+                                                          with_error=not self.training)
+        if coef_BND is None or coef_BND.shape[1] == 0:
+            return None, step
+        out, mu, var = self.attend(q_BHTE, coef_BND)
+        step.coef_BND, step.mu_BHT, step.var_BHT = coef_BND, mu, var
+        step.kl = kl_to_sigma0(var, self.cfg.sigma_0).mean()
+        if self.cfg.sampling == "sticky":
+            with torch.no_grad():
+                step.hist_BK = attention_histogram(mu.detach(), var.detach(), self.cfg.n_bins)
+        return out, step

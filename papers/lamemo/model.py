@@ -1,0 +1,254 @@
+"""LaMemo: language modelling with look-ahead memory (Ji, Zhang, Huang; NAACL 2022, arXiv 2204.07341).
+
+Reference code: thu-coai/LaMemo `pytorch/mem_transformer.py` (`LaMemoRelPartialLearnableMultiHeadAttn`, the
+model's forward for attn_type 3, 31, 32, 33). Built on this repository's Transformer-XL backbone
+(`papers/transformer_xl/model.py`): same embedding, layers, relative attention, adaptive softmax and
+initialisation. Layout legend: B batch, T segment length, M memory length, K = M + T, W = min(M, T) look-ahead
+keys, H heads, E head width, D model width; batch-first.
+
+The mechanism (paper §3):
+- Look-ahead attention. Transformer-XL's memory states were computed once, attending only to their left. In
+  LaMemo every layer also lets each memory position attend, as a query, to the keys on its right that it has not
+  seen yet, up to and including the first token of the current segment (never further: a current token reads
+  the refreshed memory in the next layer, so a memory row that had seen token τ+2 would leak it to the
+  prediction made at τ+1). These new keys are the last W−1 memory positions and the current segment's first
+  position; a memory row attends to those after itself. Cost: M·W scores per layer, linear in M.
+- Memory interpolation. The refreshed attention vector of a memory position is its previous one (carried,
+  stop-gradient) and the look-ahead result, weighted by their shares of the unnormalised attention mass:
+  α = S_old / (S_old + S_new), S = Σ exp(score) over each key set. That is exactly softmax attention over the
+  union of the two key sets (`interpolate`). The log-normaliser log S of every memory position is carried with
+  the memory and updated by log-add-exp.
+- Disentangled relative positions. The look-ahead scores use the sinusoid of the distance 1…M to the right with
+  a separate position bias v₊ (`r_r_bias_future`), the content bias u shared (variant `disentangled`, the
+  reference's attn_type 3, the default); `txl` (attn_type 31) feeds negative distances to Transformer-XL's
+  encoding with its bias v; `disentangled_v2` (attn_type 32) also learns a separate content bias u₊; `full`
+  (attn_type 33) lets memory rows attend to every key of the look-ahead window, left and right (no mask).
+
+What the memory holds (as the reference): per layer the attention vectors of the memory positions (before the
+output projection) and their log-normalisers, plus the embedding-level memory (the layer-0 input). In each
+layer the refreshed memory rows go through the output projection, residual, LayerNorm and feed-forward together
+with the current rows, and are the memory input of the next layer: the refresh propagates upwards.
+
+Where this differs from the reference (and why):
+- α = sigmoid(log S_old − log S_new), the exact share; the reference adds 1e-6 to the denominator after
+  subtracting the maximum, which makes α smaller by at most ~1e-6 relatively and breaks the union identity by as
+  much.
+- Position scores of the look-ahead are gathered by their distance (key index − row index) instead of the
+  reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
+  same; for `full` the reference's index arithmetic assumes tgt_len = mem_len, ours holds for any lengths (and
+  equals it when they are equal).
+- Memory states are batch-first tensors, one list: [embedding memory (B, M, D)] + per layer [attention vectors
+  (B, M, H, E), log-normalisers (B, M, H) float32], so checkpoints and DDP re-sharding carry them unchanged.
+- Biases (u, v, v₊, u₊) are initialised N(0, 0.02) as the backbone's Transformer-XL; the reference uses Xavier
+  uniform for them.
+- With `look_ahead: false` the model is the backbone's Transformer-XL exactly (same state dict, same outputs);
+  the reference's attn_type 0 is the original Transformer-XL code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
+from repro.nn.attention import RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances, sinusoid_table
+
+VARIANTS = ("disentangled", "txl", "disentangled_v2", "full")
+REFERENCE_ATTN_TYPE = {"disentangled": 3, "txl": 31, "disentangled_v2": 32, "full": 33}
+
+
+@dataclass(frozen=True)
+class LaMemoConfig:
+    """`look_ahead: false` gives Transformer-XL (the reference's attn_type 0); `variant` names the reference's
+    attn_type 3 (`disentangled`, default), 31 (`txl`), 32 (`disentangled_v2`) and 33 (`full`)."""
+
+    look_ahead: bool = True
+    variant: Literal["disentangled", "txl", "disentangled_v2", "full"] = "disentangled"
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"lamemo.variant is one of {', '.join(VARIANTS)}, got {self.variant!r}")
+
+
+def interpolate(vec_old: torch.Tensor, lse_old: torch.Tensor, vec_new: torch.Tensor, lse_new: torch.Tensor):
+    """Combine two softmax attentions over disjoint key sets into the attention over their union.
+
+    vec_*: (…, E) attention results, lse_*: (…) their log-normalisers log Σ exp(score). With α = S_old/(S_old +
+    S_new) = sigmoid(lse_old − lse_new): vec = α·vec_old + (1−α)·vec_new and lse = logaddexp(lse_old, lse_new).
+    Returns (vec in vec_new's dtype, lse in float32)."""
+    lse_old, lse_new = lse_old.float(), lse_new.float()
+    alpha = torch.sigmoid(lse_old - lse_new).unsqueeze(-1)
+    vec = alpha * vec_old.float() + (1 - alpha) * vec_new.float()
+    return vec.to(vec_new.dtype), torch.logaddexp(lse_old, lse_new)
+
+
+def look_ahead_start(m: int, t: int) -> int:
+    """Index in [memory; segment] of the first look-ahead key: the window is keys start … m (the segment's first
+    position), W = min(m, t) keys, the positions no memory row has attended to yet."""
+    return max(1, m - t + 1)
+
+
+class LaMemoAttention(RelPartialLearnableAttention):
+    """Transformer-XL's relative attention (same parameters: `qkv_net`, `r_net`, `o_net`) that also returns the
+    attention vectors and log-normalisers, and refreshes memory rows by look-ahead attention (`look_ahead`).
+
+    `record`: when a list, each causal attention appends its probabilities (B, H, T, K) (utilisation analysis)."""
+
+    def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float, full: bool = False):
+        super().__init__(d_model=d_model, n_head=n_head, d_head=d_head, dropatt=dropatt)
+        self.full = full
+        self.record: list[torch.Tensor] | None = None
+
+    def causal(self, q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK):
+        """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T))."""
+        r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
+        bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
+        scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ kv[0].transpose(-1, -2)
+        scores = scores.add_(bd_BHTK).masked_fill_(mask_TK, float("-inf"))
+        lse = torch.logsumexp(scores.float(), dim=-1)
+        prob = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        if self.record is not None:
+            self.record.append(prob.detach())
+        prob = self.dropatt(prob)
+        return prob.to(kv.dtype) @ kv[1], lse
+
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
+        """The backbone's interface (Transformer-XL memory): (output, keys/values)."""
+        if kv_mem is not None:
+            raise ValueError("LaMemo keeps no key/value memory")
+        r_KD, u_HE, v_HE = pos[:3]
+        q_BHTE, kv = self.project(h_BTD, mem_BMD)
+        vec, _ = self.causal(q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK)
+        return self.output(vec), kv
+
+    def look_ahead(self, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH):
+        """Current rows: causal attention over [memory; segment]. Memory rows: look-ahead attention over the
+        window, interpolated with their carried vectors. Returns (output of current rows (B,T,D), output of memory
+        rows (B,M,D), attention vectors of [memory; segment] (B,K,H,E), log-normalisers (B,K,H) float32)."""
+        r_KD, u_HE, v_HE, r_fut_MD, u_fut_HE, v_fut_HE = pos
+        b, t, _ = h_BTD.shape
+        m = mem_BMD.shape[1]
+        k_len = m + t
+        q_BHTE, kv = self.project(h_BTD, mem_BMD)
+        vec, lse = self.causal(q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK)
+        vec_BKHE, lse_BKH = vec.transpose(1, 2), lse.transpose(1, 2)
+        if m == 0:
+            return self.output(vec), h_BTD.new_empty(b, 0, h_BTD.shape[2]), vec_BKHE, lse_BKH
+        he = self.n_head * self.d_head
+        qm_BHME = F.linear(mem_BMD, self.qkv_net.weight[:he]).view(b, m, self.n_head, self.d_head).transpose(1, 2)
+        start = look_ahead_start(m, t)
+        k_win, v_win = kv[0][:, :, start : m + 1], kv[1][:, :, start : m + 1]  # (B, H, W, E)
+        dev = h_BTD.device
+        dist_MW = torch.arange(start, m + 1, device=dev)[None, :] - torch.arange(m, device=dev)[:, None]
+        if self.full:  # distances ≤ 0 use the causal table (index K−1−|d|), > 0 the future one (K−1+d)
+            table = torch.cat([r_KD, r_fut_MD], dim=0)
+            index = k_len - 1 + dist_MW
+        else:
+            table, index = r_fut_MD, dist_MW - 1
+        index = index.clamp(0, table.shape[0] - 1)
+        # only the M × W (row, key) pairs of the window: linear in the memory length
+        r_MWHE = self.r_net(table).view(-1, self.n_head, self.d_head)[index]
+        bd_BHMW = torch.einsum("bhme,mwhe->bhmw", (qm_BHME + v_fut_HE[:, None]) * self.scale, r_MWHE)
+        scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
+        scores = scores.add_(bd_BHMW)
+        if not self.full:
+            scores = scores.masked_fill_(dist_MW < 1, float("-inf"))
+        lse_new = torch.logsumexp(scores.float(), dim=-1)  # (B, H, M)
+        prob = self.dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
+        vec_new = (prob.to(v_win.dtype) @ v_win).transpose(1, 2)  # (B, M, H, E)
+        vec_mem, lse_mem = interpolate(recur_BMHE, lse_BMH, vec_new, lse_new.transpose(1, 2))
+        out_mem = self.o_net(vec_mem.reshape(b, m, he))
+        return (self.output(vec), out_mem, torch.cat([vec_mem, vec_BKHE.to(vec_mem.dtype)], dim=1),
+                torch.cat([lse_mem, lse_BKH], dim=1))
+
+
+def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH):
+    """One backbone layer with look-ahead memory: the memory rows and the current rows go through the attention
+    (`LaMemoAttention.look_ahead`), residual, LayerNorm and feed-forward together. Returns (current rows' output,
+    memory rows' output = the next layer's memory, attention vectors, log-normalisers)."""
+    m = mem_BMD.shape[1]
+    x = torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], dim=1)
+    xn = layer.attn_norm(x) if layer.pre_lnorm else x
+    a_cur, a_mem, vec, lse = layer.attn.look_ahead(xn[:, m:], xn[:, :m], mask_TK=mask_TK, pos=pos,
+                                                   recur_BMHE=recur_BMHE, lse_BMH=lse_BMH)
+    a = torch.cat([a_mem.to(a_cur.dtype), a_cur], dim=1)
+    if layer.pre_lnorm:
+        y = x + layer.drop(a)
+        y = y + layer.ff(layer.ff_norm(y))
+    else:
+        y = layer.attn_norm(x + layer.drop(a))
+        y = layer.ff_norm(y + layer.ff(y))
+    return y[:, m:], y[:, :m], vec, lse
+
+
+class LaMemo(TransformerXL):
+    """`TransformerXL` with look-ahead memory. Memory: [embeddings (B,M,D)] + per layer [vectors (B,M,H,E),
+    log-normalisers (B,M,H)]; with `look_ahead: false`, Transformer-XL's memory (one (B,M,D) per layer)."""
+
+    supports_kv_memory = False  # the refreshed memory changes every segment: no cached keys and values
+
+    def __init__(self, cfg: TransformerXLConfig, lamemo: LaMemoConfig = LaMemoConfig()):
+        if cfg.attention != "relative":
+            raise ValueError("LaMemo builds on relative attention: set model.attention: relative")
+        self.__dict__["_lamemo"] = lamemo  # read by make_attention during the backbone's construction
+        super().__init__(cfg)
+        self.lamemo = lamemo
+        if lamemo.look_ahead and lamemo.variant in ("disentangled", "disentangled_v2", "full"):
+            self.r_r_bias_future = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head).normal_(0.0, cfg.init_std))
+        if lamemo.look_ahead and lamemo.variant == "disentangled_v2":
+            self.r_w_bias_future = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head).normal_(0.0, cfg.init_std))
+
+    def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
+        lamemo: LaMemoConfig = self.__dict__["_lamemo"]
+        return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
+                               full=lamemo.look_ahead and lamemo.variant == "full")
+
+    def memory_layout(self, batch: int, device=None, dtype=torch.float32) -> list[torch.Tensor]:
+        """The empty memory of a split's first segment."""
+        c = self.cfg
+        out = [torch.empty(batch, 0, c.d_model, device=device, dtype=dtype)]
+        for _ in self.layers:
+            out += [torch.empty(batch, 0, c.n_head, c.d_head, device=device, dtype=dtype),
+                    torch.empty(batch, 0, c.n_head, device=device, dtype=torch.float32)]
+        return out
+
+    def forward(self, tokens_BT, mems, *, mem_len, clamp_len=-1, same_length=False, kv_memory=False):
+        """Hidden states of the segment (B, T, D) and the next memory (see the class docstring)."""
+        if kv_memory:
+            raise ValueError("LaMemo has no key/value evaluation memory (its memory is refreshed every segment)")
+        if not self.lamemo.look_ahead:
+            return super().forward(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+        b, t = tokens_BT.shape
+        emb = self.word_emb(tokens_BT)
+        if not mems:
+            mems = self.memory_layout(b, device=emb.device, dtype=emb.dtype)
+        if len(mems) != 1 + 2 * len(self.layers):
+            raise ValueError(f"a LaMemo memory has 1 + 2 × {len(self.layers)} tensors, got {len(mems)} (a memory "
+                             "of another model?)")
+        m = mems[0].shape[1]
+        k = m + t
+        dev, dt = emb.device, emb.dtype
+        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=dev)
+        r_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=dev), self.cfg.d_model).to(dt)
+        fut = torch.arange(1, m + 1, device=dev)
+        if self.lamemo.variant == "txl":
+            fut = -fut
+        elif clamp_len > 0:
+            fut = fut.clamp(max=clamp_len)
+        r_fut = sinusoid_table(fut, self.cfg.d_model).to(dt)
+        v_fut = self.r_r_bias if self.lamemo.variant == "txl" else self.r_r_bias_future
+        u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
+        pos = (self.drop(r_KD), self.r_w_bias, self.r_r_bias, self.drop(r_fut), u_fut, v_fut)
+        h = self.drop(emb)
+        new = [torch.cat([mems[0].to(h.dtype), h], dim=1)[:, max(0, k - mem_len):].detach()]
+        mem = mems[0]
+        for i, layer in enumerate(self.layers):
+            h, mem, vec, lse = layer_look_ahead(layer, h, mem, mask_TK=mask_TK, pos=pos,
+                                                recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i])
+            keep = max(0, k - mem_len)
+            new += [vec[:, keep:].detach(), lse[:, keep:].detach()]
+        return self.drop(h), new

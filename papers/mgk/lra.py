@@ -1,0 +1,249 @@
+"""Transformer-MGK on Long Range Arena: the 2-layer classifiers of the paper's LRA experiments.
+
+Reference code: minhtannguyen/transformer-mgk `lra/model.py`, `lra/model_wrapper.py`, `lra/run_tasks.py` (itself the
+Nyströmformer LRA code, mlpen/Nystromformer `LRA/code`). Layout legend: B batch, T tokens, D model width.
+
+The model, as the reference builds it: token embedding + learned position embedding (both N(0, 0.02)), dropout;
+2 pre-LN encoder layers, x + dropout(attention(LN(x))) then x + MLP(LN(x)) with MLP = Linear(D, D_inner) → GELU →
+dropout → Linear(D_inner, D) → dropout; a final LayerNorm; mean pooling over the tokens; the head Linear(D,
+D_inner) → ReLU → Linear(D_inner, classes). Retrieval encodes both documents with the same encoder and classifies
+[x₁, x₂, x₁ ⊙ x₂, x₁ − x₂] (LRA's two-tower matching). Sizes (PAPERS.md §4): D 64, D_inner 128, head width 32,
+dropout 0.1 (attention dropout 0.1). Training: AdamW (eps 1e-6, weight decay 0), lr 1e-4, a one-cycle schedule
+with linear warm-up and linear decay (`torch.optim.lr_scheduler.OneCycleLR`, as the reference).
+
+Attention variants, by one string `variant` (`VARIANTS`): `softmax<H>`, `mgk<H>`, `smgk<H>`, `linear<H>`, `mlk<H>`,
+`smlk<H>` with H heads, and `mgk<H>_softe` / `mgk<H>_harde` / `smgk<H>_softe` / `smgk<H>_harde` (π by the soft or
+hard E-step, Table "learning options"). MGK/MLK use R = 2 keys, σ² = √E and √E/3 fixed, as the reference.
+
+Deviations from the reference (see README.md):
+- Mean pooling averages over the real tokens only; the reference zeroes pad positions and divides by the padded
+  length, so its logits change with the amount of padding. Ours do not (a test).
+- Padding is masked in every attention (keys) through a (B, 1, 1, K) mask; pixel value 0 is a real token here
+  (the reference treats it as padding).
+- Soft E-step: π is updated from the responsibilities of all query rows, pad rows included (keys are masked).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, replace
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from papers.mgk.attention import MGKAttention, MLKAttention
+from repro.lm import coerce
+from repro.nn.attention import AbsoluteAttention
+
+_VARIANT = re.compile(r"^(softmax|mgk|smgk|linear|mlk|smlk)(\d+)(?:_(softe|harde))?$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attention variant of the LRA tables."""
+
+    family: str  # softmax | mgk | smgk | linear | mlk | smlk
+    n_head: int
+    pi: str = "gradient"  # gradient | soft_em | hard_em (MGK/sMGK only)
+
+    @staticmethod
+    def parse(name: str) -> "Variant":
+        m = _VARIANT.match(name)
+        if not m or int(m[2]) < 1:
+            raise ValueError(f"unknown LRA variant {name!r}: use softmax|mgk|smgk|linear|mlk|smlk followed by the "
+                             "number of heads, e.g. mgk4, optionally _softe or _harde for MGK/sMGK (mgk1_softe)")
+        if m[3] and m[1] not in ("mgk", "smgk"):
+            raise ValueError(f"{name}: the E-step options exist for mgk and smgk only")
+        return Variant(m[1], int(m[2]), {"softe": "soft_em", "harde": "hard_em", None: "gradient"}[m[3]])
+
+    def attention(self, *, d_model: int, d_head: int, dropatt: float) -> nn.Module:
+        common = dict(d_model=d_model, n_head=self.n_head, d_head=d_head)
+        keys = "shifted" if self.family.startswith("s") and self.family != "softmax" else "separate"
+        if self.family == "softmax":
+            return AbsoluteAttention(**common, dropatt=dropatt)
+        if self.family in ("mgk", "smgk"):
+            return MGKAttention(**common, dropatt=dropatt, n_components=2, keys=keys, pi=self.pi)
+        if self.family == "linear":
+            return MLKAttention(**common, n_components=1, keys="separate", causal=False)
+        return MLKAttention(**common, n_components=2, keys=keys, causal=False)
+
+
+@dataclass(frozen=True)
+class LRAConfig:
+    """The reference's LRA model settings (lra/run_tasks.py defaults; Nyströmformer `lra_config.py`)."""
+
+    n_token: int = 0  # from the data
+    num_classes: int = 10
+    dual: bool = False  # Retrieval: two documents
+    max_len: int = 2000  # rows of the position table (the longest document)
+    d_model: int = 64  # embedding_dim = transformer_dim
+    d_inner: int = 128  # transformer_hidden_dim (MLP and head)
+    d_head: int = 32
+    n_layer: int = 2
+    dropout: float = 0.1
+    dropatt: float = 0.1
+
+    def __post_init__(self):
+        if self.num_classes < 2 or self.max_len < 1 or self.n_layer < 1:
+            raise ValueError("num_classes must be ≥ 2, max_len and n_layer ≥ 1")
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: LRAConfig, variant: Variant):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.attn = variant.attention(d_model=cfg.d_model, d_head=cfg.d_head, dropatt=cfg.dropatt)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(), nn.Dropout(cfg.dropout),
+                                 nn.Linear(cfg.d_inner, cfg.d_model), nn.Dropout(cfg.dropout))
+
+    def forward(self, x_BTD: torch.Tensor, pad_B11K: torch.Tensor) -> torch.Tensor:
+        a, _ = self.attn(self.norm1(x_BTD), mem_BMD=None, mask_TK=pad_B11K)
+        x_BTD = x_BTD + self.drop(a)
+        return x_BTD + self.mlp(self.norm2(x_BTD))
+
+
+class LRAEncoder(nn.Module):
+    """Tokens (B, T), 0 = pad → mean-pooled representation (B, D)."""
+
+    def __init__(self, cfg: LRAConfig, variant: Variant):
+        super().__init__()
+        if cfg.n_token < 2:
+            raise ValueError("LRAConfig.n_token comes from the data module (leave it unset in configs)")
+        self.tok = nn.Embedding(cfg.n_token, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        nn.init.normal_(self.tok.weight, std=0.02)
+        nn.init.normal_(self.pos.weight, std=0.02)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, variant) for _ in range(cfg.n_layer))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.max_len = cfg.max_len
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        b, t = tokens_BT.shape
+        if t > self.max_len:
+            raise ValueError(f"a document of {t} tokens exceeds the position table ({self.max_len}): raise "
+                             "model.max_len or lower data.max_len")
+        real_BT = tokens_BT != 0
+        x = self.drop(self.tok(tokens_BT) + self.pos.weight[:t])
+        pad = ~real_BT[:, None, None, :]  # (B, 1, 1, K): True where a key is padding
+        for layer in self.layers:
+            x = layer(x, pad)
+        x = self.norm(x)
+        w = real_BT.to(x.dtype)[..., None]
+        return (x * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean over the real tokens
+
+
+class LRAClassifier(nn.Module):
+    def __init__(self, cfg: LRAConfig, variant: Variant):
+        super().__init__()
+        self.cfg, self.variant = cfg, variant
+        self.encoder = LRAEncoder(cfg, variant)
+        width = 4 * cfg.d_model if cfg.dual else cfg.d_model
+        self.head = nn.Sequential(nn.Linear(width, cfg.d_inner), nn.ReLU(), nn.Linear(cfg.d_inner, cfg.num_classes))
+
+    def forward(self, tokens_BT: torch.Tensor, tokens2_BT: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.encoder(tokens_BT)
+        if self.cfg.dual:
+            if tokens2_BT is None:
+                raise ValueError("the Retrieval model needs two documents per example")
+            y = self.encoder(tokens2_BT)
+            x = torch.cat([x, y, x * y, x - y], dim=-1)
+        return self.head(x)
+
+
+@dataclass(frozen=True)
+class LRAOptim:
+    lr: float = 1e-4
+    warmup_steps: int = 8000
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-6
+
+
+class LRAModule(L.LightningModule):
+    """Args:
+        variant: the attention, e.g. softmax2, mgk1, smgk1_softe (see `Variant.parse`).
+        model: `LRAConfig` (n_token comes from the data module).
+        optim: `LRAOptim`.
+    """
+
+    def __init__(self, variant: str = "softmax2", model: LRAConfig | dict = LRAConfig(),
+                 optim: LRAOptim | dict = LRAOptim(), n_token: int = 0):
+        super().__init__()
+        cfg = coerce(LRAConfig, model)
+        self.cfg = replace(cfg, n_token=n_token or cfg.n_token)
+        self.variant_name = variant
+        self.variant = Variant.parse(variant)
+        self.optim = coerce(LRAOptim, optim)
+        self.model = LRAClassifier(self.cfg, self.variant)
+        self.acc = nn.ModuleDict({f"{s}_acc": MulticlassAccuracy(self.cfg.num_classes, average="micro")
+                                  for s in ("train", "valid", "test")})
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=True)
+        self.register_buffer("train_batches", torch.zeros((), dtype=torch.int64), persistent=True)
+        self.save_hyperparameters({"variant": variant, "model": asdict(self.cfg), "optim": asdict(self.optim),
+                                   "n_token": self.cfg.n_token})
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "num_classes"):
+            return
+        if dm.num_classes != self.cfg.num_classes or dm.info.dual != self.cfg.dual:
+            raise ValueError(f"task {dm.task} has {dm.num_classes} classes (two documents: {dm.info.dual}), the model "
+                             f"{self.cfg.num_classes} (dual: {self.cfg.dual}): set model.num_classes and model.dual")
+        if dm.max_len > self.cfg.max_len:
+            raise ValueError(f"data.max_len {dm.max_len} exceeds model.max_len {self.cfg.max_len}")
+
+    def forward(self, batch) -> torch.Tensor:
+        return self.model(batch.tokens, batch.tokens2)
+
+    def _step(self, batch, split: str) -> torch.Tensor:
+        logits = self(batch)
+        loss = F.cross_entropy(logits.float(), batch.labels)
+        self.acc[f"{split}_acc"].update(logits.detach(), batch.labels)
+        prefix = "val" if split == "valid" else split
+        on_step = split == "train"
+        self.log(f"{prefix}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=on_step,
+                 batch_size=len(batch.labels))
+        # cross-entropy per example as a perplexity and in bits: the names the repository's curve recorder reads
+        self.log(f"{prefix}/ppl", torch.exp(loss.detach()), on_step=on_step, on_epoch=not on_step,
+                 batch_size=len(batch.labels))
+        self.log(f"{prefix}/bpc", loss.detach() / math.log(2), on_step=on_step, on_epoch=not on_step,
+                 batch_size=len(batch.labels))
+        self.log(f"{prefix}/acc", self.acc[f"{split}_acc"], on_step=False, on_epoch=True, batch_size=len(batch.labels))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        n = batch.tokens.numel() + (batch.tokens2.numel() if batch.tokens2 is not None else 0)
+        self.tokens_seen += n * self.trainer.world_size
+        self.train_batches += 1
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "valid")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.optim.lr, betas=(0.9, 0.999), eps=self.optim.adam_eps,
+                                weight_decay=self.optim.weight_decay)
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
+        if total <= 0:
+            raise ValueError("the one-cycle schedule spans trainer.max_steps: set --trainer.max_steps")
+        if not 0 < self.optim.warmup_steps < total:
+            raise ValueError(f"optim.warmup_steps must lie in (0, max_steps = {total}), got {self.optim.warmup_steps}")
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.optim.lr, total_steps=total,
+                                                    pct_start=self.optim.warmup_steps / total,
+                                                    anneal_strategy="linear")
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def describe(self) -> dict:
+        return {"model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+                "module_class": f"{type(self).__module__}.{type(self).__qualname__}",
+                "parameters": sum(p.numel() for p in self.parameters()), "variant": self.variant_name,
+                "attention": self.variant.family, "n_head": self.variant.n_head, "pi": self.variant.pi}

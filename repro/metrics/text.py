@@ -1,0 +1,214 @@
+"""Text-generation metrics of the ∞-former dialogue experiment (PAPERS.md §2, "Dialogue data and metrics").
+
+Each metric scores one generated response against one reference response; a corpus score is the mean over
+responses (`corpus_scores`), as the official evaluation averages per-response scores.
+
+- F1: unigram overlap after SQuAD-style normalisation (lower-case, drop punctuation, drop the articles a / an /
+  the, collapse white space); 0 when nothing overlaps.
+- ROUGE-1 and ROUGE-L: the `rouge-score` package with Porter stemming. We report the F-measure, as the paper's
+  tables say. The official script called `scorer.score(prediction, reference)`, but the package's signature is
+  `score(target, prediction)`, and it kept element [0] (precision) of that swapped call: the quantity it reported
+  is the *recall of the generated response against the reference*. We report that recall too
+  (`rouge1_recall`, `rougeL_recall`), under its real name.
+- METEOR: `nltk.translate.meteor_score` (α 0.9, β 3, γ 0.5: nltk's defaults) on tokenised text, with WordNet 3.0
+  for the synonym stage. WordNet is a data set, not part of nltk: `wordnet()` finds it (nltk's data path, or
+  Debian's `wordnet-base` + `wordnet-sense-index` packages arranged as an nltk corpus under `<data>/nltk_data`)
+  or raises `WordNetMissing` saying how to install it. METEOR is never computed without WordNet: without the
+  synonym stage it is a different, lower number.
+- Perplexity: `repro.metrics.lm` (summed token NLL over the split).
+
+Deviations from the official script: ROUGE is reported as F-measure (plus the recall it actually computed);
+METEOR gets tokenised input (the official call passed raw strings, which nltk ≥ 3.6.6 rejects).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import string
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+DEBIAN_WORDNET = Path("/usr/share/wordnet")
+DEBIAN_LEXNAMES_MAN = Path("/usr/share/man/man5/lexnames.5WN.gz")
+# files nltk's WordNetCorpusReader opens (besides lexnames)
+WORDNET_FILES = tuple(f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv")) + \
+    ("noun.exc", "verb.exc", "adj.exc", "adv.exc", "index.sense")  # index.sense: Debian's wordnet-sense-index
+_POS_CODE = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
+
+
+# ------------------------------------------------------------------------------------------------------- F1
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, remove punctuation, remove articles, collapse white space."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def unigram_f1(prediction: str, reference: str) -> float:
+    """Harmonic mean of unigram precision and recall of the normalised token bags (multiset overlap)."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    same = sum((Counter(pred) & Counter(ref)).values())
+    if same == 0:
+        return 0.0
+    p, r = same / len(pred), same / len(ref)
+    return 2 * p * r / (p + r)
+
+
+# ---------------------------------------------------------------------------------------------------- ROUGE
+_SCORER = None
+
+
+def _rouge_scorer():
+    global _SCORER
+    if _SCORER is None:
+        from rouge_score import rouge_scorer
+
+        _SCORER = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
+    return _SCORER
+
+
+def rouge(prediction: str, reference: str) -> dict[str, float]:
+    """ROUGE-1 / ROUGE-L F-measure with stemming, and their recall (what the official script reported)."""
+    s = _rouge_scorer().score(reference, prediction)  # rouge-score's order: (target, prediction)
+    return {"rouge1": s["rouge1"].fmeasure, "rougeL": s["rougeL"].fmeasure,
+            "rouge1_recall": s["rouge1"].recall, "rougeL_recall": s["rougeL"].recall}
+
+
+# --------------------------------------------------------------------------------------------------- METEOR
+class WordNetMissing(RuntimeError):
+    pass
+
+
+def _missing_message(tried: list[str]) -> str:
+    return (
+        "METEOR needs WordNet 3.0 and none was found (looked in: " + "; ".join(tried) + "). Install it one way:\n"
+        "  - Debian/Ubuntu, no internet needed beyond the package mirror: "
+        "`apt-get install wordnet-base wordnet-sense-index` (the project arranges /usr/share/wordnet as an nltk "
+        "corpus by itself), or\n"
+        "  - with internet: `python -c \"import nltk; nltk.download('wordnet')\"`, or\n"
+        "  - put an nltk `corpora/wordnet` folder under a directory listed in $NLTK_DATA.\n"
+        "METEOR is not computed without WordNet (its synonym stage would be missing and the score would differ)."
+    )
+
+
+def lexnames_from_man(man_page: Path = DEBIAN_LEXNAMES_MAN) -> str:
+    """The `lexnames` file (number, name, syntactic category; tab-separated) from the lexnames(5WN) manual page,
+    which carries its table; the category is the one the file's name begins with (noun 1, verb 2, adj 3, adv 4)."""
+    text = gzip.open(man_page, "rt", encoding="utf-8", errors="replace").read()
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"^(\d\d)\t(\w+)\.(\w+)\s*\t", line)
+        if m:
+            rows.append(f"{m.group(1)}\t{m.group(2)}.{m.group(3)}\t{_POS_CODE[m.group(2)]}")
+    if len(rows) != 45 or [int(r.split("\t")[0]) for r in rows] != list(range(45)):
+        raise WordNetMissing(f"could not read the 45 lexicographer files from {man_page} (found {len(rows)})")
+    return "\n".join(rows) + "\n"
+
+
+def arrange_debian_wordnet(target: Path, source: Path = DEBIAN_WORDNET,
+                           man_page: Path = DEBIAN_LEXNAMES_MAN) -> Path:
+    """Make `<target>/corpora/wordnet` an nltk WordNet corpus from Debian's files (copies of the data files, since
+    nltk ≥ 3.9 refuses symbolic links in its data roots, and a `lexnames` file written from the manual page).
+    Returns the corpus folder."""
+    from repro.io import atomic_path, atomic_write_text
+
+    folder = target / "corpora" / "wordnet"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in WORDNET_FILES:
+        dest = folder / name
+        if not dest.exists() or dest.stat().st_size != (source / name).stat().st_size:
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(source / name, tmp)
+    if not (folder / "lexnames").exists():
+        atomic_write_text(folder / "lexnames", lexnames_from_man(man_page))
+    return folder
+
+
+_WORDNET: Any = None
+
+
+def wordnet(data_root: str | os.PathLike | None = None):
+    """nltk's WordNet reader, or `WordNetMissing` with installation instructions.
+
+    Looks on nltk's data path first, then for Debian's WordNet under /usr/share/wordnet (arranged once as
+    `<data_root>/nltk_data/corpora/wordnet`; `data_root` defaults to `$REPRO_DATA` or `data/`)."""
+    global _WORDNET
+    if _WORDNET is not None:
+        return _WORDNET
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    tried = [f"nltk data path {nltk.data.path}"]
+    base = (Path(data_root or os.environ.get("REPRO_DATA") or "data") / "nltk_data").resolve()
+    if (base / "corpora" / "wordnet" / "lexnames").exists() and str(base) not in nltk.data.path:
+        nltk.data.path.append(str(base))  # arranged by an earlier run
+    try:
+        root = nltk.data.find("corpora/wordnet")
+    except LookupError:
+        root = None
+    if root is None:
+        tried.append(f"Debian's {DEBIAN_WORDNET} with {DEBIAN_LEXNAMES_MAN}")
+        if all((DEBIAN_WORDNET / f).exists() for f in WORDNET_FILES) and DEBIAN_LEXNAMES_MAN.exists():
+            arrange_debian_wordnet(base)
+            if str(base) not in nltk.data.path:
+                nltk.data.path.append(str(base))  # nltk only opens files under its data path
+            root = nltk.data.find("corpora/wordnet")
+    if root is None:
+        raise WordNetMissing(_missing_message(tried))
+    class EnglishWordNet(WordNetCorpusReader):
+        # nltk maps every sense onto its own copy of WordNet 3.0 at start-up (for the multilingual OMW data,
+        # ~10 s); METEOR uses English synsets only
+        def map_wn(self, version="wordnet"):
+            return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "multilingual functions are not available": not needed
+        reader = EnglishWordNet(root, None)
+    if reader.get_version() != "3.0":
+        raise WordNetMissing(f"found WordNet {reader.get_version()} at {root}; the paper's METEOR used WordNet 3.0")
+    _WORDNET = reader
+    return reader
+
+
+def tokenize(text: str) -> list[str]:
+    """nltk's Treebank-style word tokenizer without the Punkt sentence model (no download needed)."""
+    from nltk.tokenize import TreebankWordTokenizer
+
+    return TreebankWordTokenizer().tokenize(text)
+
+
+def meteor(prediction: str, reference: str) -> float:
+    """nltk METEOR of the tokenised prediction against the tokenised reference (WordNet required)."""
+    from nltk.translate.meteor_score import meteor_score
+
+    return float(meteor_score([tokenize(reference)], tokenize(prediction), wordnet=wordnet()))
+
+
+# --------------------------------------------------------------------------------------------------- corpus
+def corpus_scores(predictions: Sequence[str], references: Sequence[str], *,
+                  with_meteor: bool = True) -> dict[str, float]:
+    """Means over responses, in percent (the paper's tables): f1, rouge1, rougeL, rouge1_recall, rougeL_recall,
+    meteor. With `with_meteor`, WordNet is checked before anything is computed."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    if not predictions:
+        raise ValueError("no responses to score")
+    if with_meteor:
+        wordnet()
+    sums: dict[str, float] = Counter()
+    for p, r in zip(predictions, references):
+        sums["f1"] += unigram_f1(p, r)
+        for k, v in rouge(p, r).items():
+            sums[k] += v
+        if with_meteor:
+            sums["meteor"] += meteor(p, r)
+    return {k: 100.0 * v / len(predictions) for k, v in sums.items()}

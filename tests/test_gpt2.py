@@ -1,0 +1,310 @@
+"""GPT-2 with the memory hook: plain GPT-2 is `transformers`' GPT-2 exactly, the hook adds the memory's output where
+the official code does (after c_proj, before the residual), reads the right queries and block inputs, carries the
+memory across blocks; the ∞-former LTM behind the hook; fine-tuning, dialogue generation and resumption through
+Lightning."""
+
+import json
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.testing import assert_close
+
+from papers.infinity_former.gpt2 import (
+    GPT2MemoryLM,
+    GPT2Settings,
+    GPT2WithMemory,
+    LayerMemory,
+    MemoryHook,
+    build_layer_memory,
+)
+from repro.text import dialogue as D
+from repro.text.tokenizer import TextTokenizer, TokenizerSpec, train_bpe
+
+SMALL = GPT2Settings(n_layer=2, n_embd=32, n_head=2, n_positions=32, dropout=0.0)
+V = 64
+
+
+def _model(kind="none", **args):
+    torch.manual_seed(0)
+    return GPT2WithMemory(SMALL, MemoryHook(kind=kind, args=args), V).eval()
+
+
+def test_plain_gpt2_is_transformers_gpt2():
+    m = _model()
+    x = torch.randint(0, V, (2, 20))
+    types = torch.randint(0, V, (2, 20))
+    h, mems = m(x, None, types=types)
+    assert mems is None and not m.supports_memory
+    assert_close(m.logits(h), m.lm(input_ids=x, token_type_ids=types).logits)
+    nll = m.nll(h, x)
+    ref = torch.nn.functional.cross_entropy(m.logits(h).reshape(-1, V), x.reshape(-1), reduction="none")
+    assert_close(nll, ref.view(2, 20))
+    tgt = x.clone()
+    tgt[:, :5] = -100
+    assert (m.nll(h, tgt)[:, :5] == 0).all()
+
+
+class ConstantMemory(LayerMemory):
+    """Adds a fixed vector c (after one update), records what it was given."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.c = torch.nn.Parameter(torch.randn(d))
+        self.seen_x, self.seen_q = [], []
+
+    def init_state(self, batch, device, dtype):
+        return {"n": torch.zeros(batch, dtype=torch.long, device=device)}
+
+    def update(self, state, x):
+        self.seen_x.append(x)
+        return {"n": state["n"] + x.shape[1]}
+
+    def attend(self, q, state):
+        self.seen_q.append(q)
+        return None if int(state["n"][0]) == 0 else self.c.expand(q.shape[0], q.shape[2], -1)
+
+
+def test_hook_adds_after_c_proj_before_the_residual_and_sees_queries_and_block_inputs(monkeypatch):
+    import papers.infinity_former.gpt2 as G
+
+    mems_made = {}
+
+    def factory(hook, d_model, n_head, layer):
+        mems_made[layer] = ConstantMemory(d_model)
+        return mems_made[layer]
+
+    monkeypatch.setattr(G, "build_layer_memory", factory)
+    torch.manual_seed(0)
+    m = GPT2WithMemory(SMALL, MemoryHook(kind="window", layers=(1,)), V).eval()
+    assert m.layers == (1,) and list(mems_made) == [1]
+    mem = mems_made[1]
+    x1, x2 = torch.randint(0, V, (2, 12)), torch.randint(0, V, (2, 12))
+    h1, mems = m(x1, None)
+    # first block: empty memory, plain GPT-2
+    assert_close(m.logits(h1), m.lm(input_ids=x1).logits)
+    h2, mems = m(x2, mems)
+    # the memory absorbed the input of block 1 of the previous block (before ln_1), as the official Block.mem
+    ref1 = m.lm(input_ids=x1, output_hidden_states=True).hidden_states
+    assert_close(mem.seen_x[0], ref1[1])
+    # reference: GPT-2 run by hand with c added to layer 1's attention output
+    tr = m.lm.transformer
+    pos = torch.arange(12)
+    h = tr.wte(x2) + tr.wpe(pos)
+    for i, block in enumerate(tr.h):
+        inner = block.attn.inner if i == 1 else block.attn
+        a_in = block.ln_1(h)
+        a = inner(a_in)[0]
+        if i == 1:
+            q = inner.c_attn(a_in)[..., :32].view(2, 12, 2, 16).transpose(1, 2)
+            assert_close(mem.seen_q[-1], q)  # GPT-2's own queries, split into heads
+            a = a + mem.c
+        h = h + a
+        h = h + block.mlp(block.ln_2(h))
+    assert_close(h2, tr.ln_f(h))
+    assert all(not t.requires_grad for t in mems)  # carried memory is detached
+
+
+def test_window_memory_carries_information_across_blocks():
+    m = _model("window", mem_len=16)
+    x1, x1b, x2 = (torch.randint(0, V, (1, 12)) for _ in range(3))
+    _, mems = m(x1, None)
+    _, mems_b = m(x1b, None)
+    base, _ = m(x2, mems)
+    # output projection starts at zero: a pretrained model is unchanged by the new memory
+    assert_close(base, m(x2, None)[0])
+    for mem in m.memories.values():
+        torch.nn.init.normal_(mem.out.weight, std=0.5)
+    a, _ = m(x2, mems)
+    b, _ = m(x2, mems_b)
+    assert (a - b).abs().max() > 1e-3  # block 2 now depends on what block 1 said
+    plain = _model("none")
+    pa, _ = plain(x2, None)
+    assert_close(pa, plain(x2, None)[0])
+    # gradient reaches the memory's parameters
+    m.train()
+    h, _ = m(x2, mems)
+    h.pow(2).mean().backward()
+    assert all(mm.kv.weight.grad is not None and mm.kv.weight.grad.abs().sum() > 0 for mm in m.memories.values())
+
+
+LTM_ARGS = {"ltm": {"n_basis": 16, "widths": [0.05, 0.1], "n_samples": 16, "sampling": "sticky", "n_bins": 8,
+                    "kl_weight": 1e-3}, "threshold": 40}
+
+
+def test_ltm_behind_the_hook_threshold_sticky_state_and_gradients():
+    m = _model("ltm", **LTM_ARGS)
+    m.train()
+    x = torch.randint(0, V, (2, 16))
+    mems, counts = None, []
+    for _ in range(5):
+        h, mems = m(x, mems)
+        counts.append(mems[2].tolist())
+    # 16 tokens per block; at ≥ 40 absorbed tokens the memory is emptied before the next update (official threshold)
+    assert counts == [[0, 0], [16, 16], [32, 32], [48, 48], [16, 16]]
+    coef, hist = mems[0], mems[1]
+    assert coef.shape == (2, 16, 32) and hist.shape == (2, 8)  # N basis coefficients; sticky histogram of K bins
+    assert (hist >= 0).all() and (hist.sum(-1) > 0).all()  # attention mass per bin (the next update's sampler)
+    loss = m.nll(h, x).mean() + m.extra_loss()
+    loss.backward()
+    ltm = m.memories["0"].ltm
+    assert ltm.gate.weight.grad.abs().sum() > 0 and ltm.mu_net.weight.grad.abs().sum() > 0
+    assert m.extra_loss() is not None and float(m.extra_loss().detach()) > 0  # λ_KL · KL
+    # generation absorbs the pending block once and reuses the memory: the same outputs
+    m.eval()
+    with torch.no_grad():
+        torch.manual_seed(1)  # sticky sample points are random: the same draws for both
+        absorbed = m(x, m.absorb(mems))[0]
+        torch.manual_seed(1)
+        assert_close(absorbed, m(x, mems)[0])
+
+
+def test_pretrained_weights_are_copied_in_with_new_token_rows_and_memories(tmp_path):
+    """The paper path (`pretrained: gpt2`) with a checkpoint saved here: same logits on the base vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(1)
+    src = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                     bos_token_id=None, eos_token_id=None)).eval()
+    src.save_pretrained(tmp_path / "ckpt")
+    settings = GPT2Settings(pretrained=str(tmp_path / "ckpt"), dropout=0.0)
+    m = GPT2WithMemory(settings, MemoryHook(kind="window", layers=(1,), args={"mem_len": 8}), V + 6).eval()
+    m.load_pretrained()
+    x = torch.randint(0, V, (1, 12))
+    h, mems = m(x, None)
+    assert_close(m.logits(h)[..., :V], src(input_ids=x).logits)
+    h2, _ = m(x, mems)  # the new memory's output projection starts at zero: still the pretrained model
+    assert_close(m.logits(h2)[..., :V], src(input_ids=x).logits)
+    with pytest.raises(ValueError, match="unknown"):
+        GPT2WithMemory(GPT2Settings(pretrained=str(tmp_path / "nothing")), MemoryHook(), V)
+
+
+def test_compressive_kind_says_it_has_no_adapter():
+    with pytest.raises(ValueError, match="no GPT-2 adapter"):
+        build_layer_memory(MemoryHook(kind="compressive"), 32, 2, 0)
+    with pytest.raises(ValueError, match="memory layers"):
+        GPT2WithMemory(SMALL, MemoryHook(kind="window", layers=(5,)), V)
+
+
+# ------------------------------------------------------------------------------------------- Lightning
+@pytest.fixture(scope="module")
+def dog(tmp_path_factory):
+    root = D.generate_tiny_dog(tmp_path_factory.mktemp("dog"), n_docs=2, people=2, filler=2, questions=2,
+                               conversations={"train": 4, "valid": 1, "test": 2}, seed=0)
+    texts = [c.document + " " + " ".join(c.utterances) for c in D.read_cmu_dog(root, "train")]
+    tok = TextTokenizer(train_bpe(texts * 3, 320), TokenizerSpec(vocab_size=320))
+    return root, tok
+
+
+def _dm(dog, **kw):
+    root, tok = dog
+    kw.setdefault("max_responses", 3)
+    dm = D.DialogueDataModule(source="tiny", root=str(root), block_size=32, **kw)
+    dm.tok = tok
+    return dm
+
+
+def _fit(dm, kind, steps, tmp_path=None, **trainer_kw):
+    L.seed_everything(3)
+    args = {"mem_len": 32} if kind == "window" else (LTM_ARGS if kind == "ltm" else {})
+    module = GPT2MemoryLM(model={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32, "dropout": 0.0},
+                          memory_hook={"kind": kind, "args": args}, optim={"lr": 3e-3},
+                          generation={"enabled": True, "max_tokens": 4, "meteor": False,
+                                      "output": str(tmp_path / "responses.jsonl") if tmp_path else None},
+                          n_token=dm.vocab_size)
+    ckpt_path = trainer_kw.pop("ckpt_path", None)
+    trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False,
+                        enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in trainer_kw.get("callbacks", [])), enable_model_summary=False,
+                        accelerator="cpu", use_distributed_sampler=False, limit_val_batches=0, **trainer_kw)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module, trainer
+
+
+def test_dialogue_finetune_test_and_generation(dog, tmp_path):
+    dm = _dm(dog, max_responses=2)
+    module, trainer = _fit(dm, "ltm", 3, tmp_path)
+    assert int(module.tokens_seen) > 0
+    out = trainer.test(module, datamodule=dm, verbose=False)[0]
+    # test perplexity: utterance words only, every one of them once
+    n_words = sum(len(dm.tokenizer.encode(u)) for c in dm.convs["test"] for u in c.utterances)
+    assert out["test/tokens"] == n_words
+    assert math.isfinite(out["test/ppl"]) and out["test/responses"] == 2
+    for key in ("test/f1", "test/rouge1", "test/rougeL", "test/rouge1_recall", "test/rougeL_recall"):
+        assert 0 <= out[key] <= 100
+    rows = [json.loads(line) for line in (tmp_path / "responses.jsonl").read_text().splitlines()]
+    assert [r["turn"] for r in rows] == [2, 3] and all(r["reference"] for r in rows)
+    # seeded: the same responses again
+    first = [r["prediction"] for r in module.generated]
+    trainer.test(module, datamodule=dm, verbose=False)
+    assert [r["prediction"] for r in module.generated] == first
+
+
+def test_respond_reads_the_memory_of_the_earlier_pieces(dog):
+    dm = _dm(dog)
+    dm.setup()
+    torch.manual_seed(0)
+    module = GPT2MemoryLM(model=SMALL.__dict__, memory_hook={"kind": "window", "args": {"mem_len": 1024}},
+                          generation={"max_tokens": 4}, n_token=dm.vocab_size)
+    for mem in module.model.memories.values():
+        torch.nn.init.normal_(mem.out.weight, std=0.5)
+    module.eval()
+    ex = dm.response_examples()[0]
+    assert len(ex.context) > 2 * 32  # the context spans several pieces
+    stop = {dm.tokenizer.id("<eos>")}
+    seen = []
+    logits = module.model.logits
+    module.model.logits = lambda h: seen.append(logits(h)) or seen[-1]  # records each step's next-token logits
+
+    def run(context, seed):
+        seen.clear()
+        out = module.respond(context, ex.context_types, stop=stop, generator=torch.Generator().manual_seed(seed),
+                             block=32, responder_type=ex.context[-1])
+        return out, seen[0]
+
+    (a, la), (b, lb) = run(ex.context, 1), run(ex.context, 1)
+    assert a == b and len(a) <= 4  # seeded, at most max_tokens
+    # changing only the first piece (long out of the window, remembered) changes the next-token distribution …
+    other = list(ex.context)
+    other[1:6] = [7, 8, 9, 10, 11]
+    assert (run(other, 1)[1] - la).abs().max() > 1e-4
+    # … and a model without memory never sees it
+    module.model.supports_memory = False
+    assert_close(run(other, 1)[1], run(ex.context, 1)[1])
+
+
+class LossRecorder(L.Callback):
+    def __init__(self):
+        self.losses = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses[trainer.global_step] = float(outputs["loss"])
+
+
+class StopAt(L.Callback):
+    """Ends the run after `step` optimiser steps (the schedule still spans max_steps, as in an interrupted run)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def test_resume_restores_the_dialogue_memory_and_position(dog, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    straight = LossRecorder()
+    _fit(_dm(dog), "window", 5, callbacks=[straight])
+    _fit(_dm(dog), "window", 5, callbacks=[StopAt(3), ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3,
+                                                                        save_top_k=-1)])
+    ckpt = tmp_path / "epoch=0-step=3.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    mem = state["repro"]["train_memory"]
+    assert mem is not None and len(mem) == 4 and mem[0].shape[0] == 1  # (window, pending) per layer, batch 1
+    resumed = LossRecorder()
+    _fit(_dm(dog), "window", 5, callbacks=[resumed], ckpt_path=str(ckpt))
+    assert sorted(resumed.losses) == [4, 5]
+    for step in (4, 5):
+        assert resumed.losses[step] == pytest.approx(straight.losses[step], rel=1e-5), step
