@@ -274,7 +274,7 @@ def test_tables_set_our_runs_beside_the_paper_statements(tmp_path):
             rec = {"paper": "infinity_former", "experiment": f"sort_{L}_{key}", "profile": "tiny", "stage": "test",
                    "metrics": {"test/acc": a, "test/regression_error": 0.1}, "provenance": {"steps": 100}}
             (runs / f"sort_{L}_{key}.test.json").write_text(json.dumps(rec))
-    (tmp_path / "infinity_former" / "bench_context.jsonl").write_text(
+    (runs / "bench_context.jsonl").write_text(
         json.dumps({"model": "TXL", "context": 1024, "ms_per_segment": 1.0, "memory_state_mb": 1.0, "peak_mb": None})
         + "\n")
     built = tables.build(Results("infinity_former", root=tmp_path))

@@ -91,7 +91,7 @@ def fig3_right(results: Results) -> tuple[Table, dict]:
 
 
 def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
-    rows_in = results.load_json_lines("bench_context.jsonl")
+    rows_in = [r for profile in ("tiny", "paper") for r in results.load_json_lines(f"runs/{profile}/bench_context.jsonl")]
     if not rows_in:
         return None, []
     rows = [[r["model"], f"{r['context']:,}", Cell(r["ms_per_segment"], "ours", r.get("device", ""), "{:.1f}"),
