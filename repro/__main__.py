@@ -1,3 +1,3 @@
-from repro.cli import main
+from repro.runs import entry
 
-main()
+entry()

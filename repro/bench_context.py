@@ -9,8 +9,9 @@ For each context length C (tokens already seen):
   segment by segment, with linear or sticky updates: the whole context is folded into N coefficients per layer,
   so time and memory per segment stay flat.
 Each point is the median over `repeats` segments, evaluation mode, no gradient. `memory_state_mb` is the size of
-the carried memory; `peak_mb` the CUDA allocator's peak during the segment on a GPU (None on a CPU, where no
-per-segment peak can be read). Measured, never asserted in tests.
+the carried memory; `peak_mb` the peak of the tensors one segment's forward pass creates (attention scores,
+activations; `repro.memtrack.TensorPeak`, on any device, on one extra untimed segment). Measured, never asserted
+in tests.
 """
 
 from __future__ import annotations
@@ -36,15 +37,21 @@ def _state_mb(mems) -> float:
 
 
 def _time_segment(model, x, mems, mem_len, dev):
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
     _sync(dev)
     t0 = time.perf_counter()
     _, new = model(x, mems, mem_len=mem_len)
     _sync(dev)
-    dt = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
-    return dt, peak, new
+    return time.perf_counter() - t0, new
+
+
+def _segment_peak_mb(model, x, mems, mem_len) -> float:
+    """Peak of the tensors one segment's forward pass creates (`repro.memtrack.TensorPeak`), on an untimed pass
+    whose new memory is discarded."""
+    from repro.memtrack import TensorPeak
+
+    with TensorPeak() as tracker:
+        model(x, mems, mem_len=mem_len)
+    return tracker.peak_mb
 
 
 @torch.inference_mode()
@@ -65,15 +72,14 @@ def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_
         txl = TransformerXL(cfg).to(dev).eval()
         for c in contexts:
             mems = [torch.randn(batch, c, d_model, generator=g).to(dev) for _ in range(n_layer)]
-            times, peaks = [], []
+            times = []
             for _ in range(repeats + 1):  # the first is warm-up
-                dt, peak, _ = _time_segment(txl, tokens(), mems, c, dev)
+                dt, _ = _time_segment(txl, tokens(), mems, c, dev)
                 times.append(dt)
-                peaks.append(peak)
             rows.append({"model": "Transformer-XL (memory = context)", "context": c, "segment": segment,
                          "ms_per_segment": round(statistics.median(times[1:]) * 1e3, 3),
                          "memory_state_mb": round(_state_mb(mems), 3),
-                         "peak_mb": None if peaks[-1] is None else round(max(peaks[1:]), 1), "device": where})
+                         "peak_mb": round(_segment_peak_mb(txl, tokens(), mems, c), 2), "device": where})
     if "infty" in models:
         ltm = LTMConfig(n_basis=n_basis, n_samples=min(512, 2 * n_basis), sampling=sampling)
         inf = InfinityFormer(cfg, ltm).to(dev).eval()
@@ -82,16 +88,15 @@ def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_
             while seen < c:  # read the context, segment by segment
                 _, mems = inf(tokens(), mems, mem_len=stm)
                 seen += segment
-            times, peaks = [], []
+            times = []
             for _ in range(repeats + 1):  # each timed segment also extends the context by one segment
-                dt, peak, mems = _time_segment(inf, tokens(), mems, stm, dev)
+                dt, mems = _time_segment(inf, tokens(), mems, stm, dev)
                 seen += segment
                 times.append(dt)
-                peaks.append(peak)
             rows.append({"model": f"∞-former (STM {stm} + LTM N={n_basis}, {sampling})", "context": c,
                          "segment": segment, "ms_per_segment": round(statistics.median(times[1:]) * 1e3, 3),
                          "memory_state_mb": round(_state_mb(mems), 3),
-                         "peak_mb": None if peaks[-1] is None else round(max(peaks[1:]), 1), "device": where})
+                         "peak_mb": round(_segment_peak_mb(inf, tokens(), mems, stm), 2), "device": where})
     base = {"batch": batch, "n_layer": n_layer, "d_model": d_model, "n_head": n_head, "torch": torch.__version__,
             "threads": torch.get_num_threads()}
     return [base | r for r in rows]

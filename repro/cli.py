@@ -2,6 +2,7 @@
 
     repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.devices N --trainer.strategy ddp ...]
     repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."   (several runs, one process)
+    repro runs --paper P --profile tiny --group G CONFIG[+VARIANT][@SEED] ...      (a DVC stage's experiments)
     repro describe CONFIG [CONFIG ...]
     repro bench CONFIG --mode train|eval [--precision 32|bf16] [--steps N]
     repro tables PAPER
@@ -27,12 +28,10 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
+from repro.tracking import tracking_uri
+
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 SEED = 1111  # the reference's default seed
-
-
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
 
 
 def hardware() -> str:
@@ -145,6 +144,10 @@ class ReproCLI(LightningCLI):
                             help="fit: write the training and validation curves to this CSV (a DVC plot)")
         parser.add_argument("--run.tracking", type=str, default="mlflow", help="mlflow | none")
         parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
+        try:  # --ckpt_path loads with torch.load(weights_only=True): tensors and plain containers only
+            parser.set_defaults(weights_only=True)
+        except KeyError:  # a subcommand without the option
+            pass
 
     def _run_cfg(self) -> dict[str, Any]:
         cfg = self.config.get(str(self.subcommand), self.config)
@@ -332,6 +335,11 @@ def _main(argv: list[str] | None) -> None:
         return
     if argv and argv[0] == "steps":
         run_steps(argv[1:])
+        return
+    if argv and argv[0] == "runs":
+        from repro.runs import run_group
+
+        run_group(argv[1:])
         return
     from repro import commands
 

@@ -80,7 +80,8 @@ class Results:
     def __init__(self, paper: str, root: Path = RESULTS):
         self.paper, self.root = paper, root
         self.records: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for path in sorted((root / paper / "runs").glob("*/*.json")):
+        # runs/<profile>/<record>.json, or runs/<profile>/<group>/<record>.json (`repro runs`)
+        for path in sorted([*(root / paper / "runs").glob("*/*.json"), *(root / paper / "runs").glob("*/*/*.json")]):
             rec = json.loads(path.read_text())
             self.records[(rec.get("profile") or path.parent.name, rec.get("experiment") or path.stem.split(".")[0],
                           rec.get("stage") or "")] = rec
@@ -131,20 +132,27 @@ def write(paper: str, tables: list[Table], root: Path = RESULTS) -> list[Path]:
 
 
 def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: Results) -> None:
-    """Attach the tables (and plots beside them) to every MLflow run they cite."""
+    """One MLflow run `tables:<paper>` in the paper's experiment holds the tables and plots as artifacts; every run
+    the tables cite gets the tag `tables_run` pointing to it (find it in the UI by that id)."""
     runs = {rec["provenance"]["mlflow_run"] for rec in results.records.values()
             if rec.get("provenance", {}).get("mlflow_run")}
     if not runs:
         return
     from mlflow.tracking import MlflowClient
 
-    from repro.cli import tracking_uri
+    from repro.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri())
-    extra = sorted((results.root / paper).glob("*.png"))
-    for run in runs:
+    exp = client.get_experiment_by_name(paper)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(paper)
+    run = client.create_run(exp_id, run_name=f"tables:{paper}", tags={"subcommand": "tables"})
+    rid = run.info.run_id
+    for p in [*paths, *sorted((results.root / paper).glob("*.png"))]:
+        client.log_artifact(rid, str(p), artifact_path="tables")
+    client.set_tag(rid, "cited_runs", ",".join(sorted(runs))[:5000])
+    for cited in sorted(runs):
         try:
-            for p in [*paths, *extra]:
-                client.log_artifact(run, str(p), artifact_path="tables")
+            client.set_tag(cited, "tables_run", rid)
         except Exception as err:  # a run recorded elsewhere (another machine's database) is not fatal
-            print(f"note: could not attach tables to MLflow run {run}: {err}", flush=True)
+            print(f"note: could not tag MLflow run {cited}: {err}", flush=True)
+    client.set_terminated(rid)

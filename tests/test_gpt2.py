@@ -180,11 +180,159 @@ def test_pretrained_weights_are_copied_in_with_new_token_rows_and_memories(tmp_p
         GPT2WithMemory(GPT2Settings(pretrained=str(tmp_path / "nothing")), MemoryHook(), V)
 
 
-def test_compressive_kind_says_it_has_no_adapter():
-    with pytest.raises(ValueError, match="no GPT-2 adapter"):
-        build_layer_memory(MemoryHook(kind="compressive"), 32, 2, 0)
+def test_memory_layers_must_exist():
     with pytest.raises(ValueError, match="memory layers"):
         GPT2WithMemory(SMALL, MemoryHook(kind="window", layers=(5,)), V)
+    with pytest.raises(ValueError, match="cmem_len > 0"):
+        build_layer_memory(MemoryHook(kind="compressive", args={"cmem_len": 0}), 32, 2, 0)
+
+
+# ------------------------------------------------------------------------------------------ compressive
+COMP_ARGS = {"cmem_len": 4, "rate": 3}
+
+
+def _layer_call(m, layer, h_BTD, state, **kw):
+    """Layer `layer`'s wrapped attention run on `h_BTD` (already ln_1-ed) with the memory `state`."""
+    rt = m._runtime
+    rt.states = {layer: state}
+    try:
+        return m.lm.transformer.h[layer].attn(h_BTD, **kw)
+    finally:
+        rt.states = {}
+
+
+def test_compressive_attention_with_an_empty_memory_is_transformers_attention():
+    m = _model("compressive", **COMP_ARGS)
+    mem = m.memories["1"]
+    attn = m.lm.transformer.h[1].attn
+    h = torch.randn(2, 9, 32)
+    empty = mem.init_state(2, "cpu", torch.float32)
+    out = _layer_call(m, 1, h, empty)
+    assert isinstance(out, tuple) and len(out) == 2
+    ref = attn.inner(h)
+    assert_close(out[0], ref[0], atol=1e-6, rtol=1e-6)
+    # transformers' eager path (which passes its additive causal mask) gives the same
+    m.lm.config._attn_implementation = "eager"
+    x = torch.randint(0, V, (2, 9))
+    h_eager, _ = m(x, None)
+    m.lm.config._attn_implementation = "sdpa"
+    assert_close(h_eager, m(x, None)[0], atol=1e-6, rtol=1e-6)
+    assert_close(h_eager, m.lm.transformer(input_ids=x).last_hidden_state, atol=1e-6, rtol=1e-6)
+
+
+def _naive_memory_attention(attn, ln, h_BTD, cmem_BCD, bias_HN):
+    """Softmax over [slots; causal block] written out with loops over batch, head and query."""
+    inner = attn.inner
+    d, nh, hd = inner.embed_dim, inner.num_heads, inner.head_dim
+    w, b = inner.c_attn.weight, inner.c_attn.bias
+    qkv = h_BTD @ w + b
+    mem_kv = ln(cmem_BCD) @ w[:, d:] + b[d:]
+    n_slots, cap = cmem_BCD.shape[1], bias_HN.shape[1]
+    out = torch.zeros_like(h_BTD)
+    for bi in range(h_BTD.shape[0]):
+        for hi in range(nh):
+            sl = slice(hi * hd, (hi + 1) * hd)
+            for i in range(h_BTD.shape[1]):
+                q = qkv[bi, i, sl]
+                keys, vals, extra = [], [], []
+                for j in range(n_slots):  # slot j of C, oldest first; the newest slot has bias column cap - 1
+                    keys.append(mem_kv[bi, j, :d][sl])
+                    vals.append(mem_kv[bi, j, d:][sl])
+                    extra.append(bias_HN[hi, cap - n_slots + j])
+                for s in range(i + 1):
+                    keys.append(qkv[bi, s, d:2 * d][sl])
+                    vals.append(qkv[bi, s, 2 * d:][sl])
+                    extra.append(torch.tensor(0.0))
+                scores = torch.stack([q @ k / math.sqrt(hd) + e for k, e in zip(keys, extra)])
+                p = torch.softmax(scores, 0)
+                out[bi, i, sl] = sum(pj * v for pj, v in zip(p, vals))
+    return inner.c_proj(out)
+
+
+def test_compressive_attention_with_a_memory_equals_a_naive_reference():
+    m = _model("compressive", **COMP_ARGS)
+    mem = m.memories["0"]
+    with torch.no_grad():
+        mem.pos_bias.normal_(std=1.0)
+    block = m.lm.transformer.h[0]
+    h = torch.randn(2, 5, 32)
+    for n_slots in (1, 3, 4):
+        cmem = torch.randn(2, n_slots, 32)
+        state = {"cmem": cmem, "rest": torch.zeros(2, 0, 32)}
+        out, probs = _layer_call(m, 0, h, state)
+        ref = _naive_memory_attention(block.attn, block.ln_1, h, cmem, mem.pos_bias)
+        assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert probs.shape == (2, 2, 5, n_slots + 5)
+    # the memory matters: other slots, other output
+    other = {"cmem": torch.randn(2, 4, 32), "rest": torch.zeros(2, 0, 32)}
+    assert (_layer_call(m, 0, h, other)[0] - out).abs().max() > 1e-3
+
+
+def test_compressive_fifo_and_leftovers_against_a_naive_recomputation():
+    m = _model("compressive", **COMP_ARGS)  # rate 3, 4 slots
+    conv = {l: m.memories[str(l)].compress.conv for l in (0, 1)}
+    mems, inputs = None, {0: [], 1: []}
+    for t in (5, 7, 2, 1, 9, 4, 6):
+        x = torch.randint(0, V, (2, t))
+        _, mems = m(x, mems)
+        cmem = {0: mems[0], 1: mems[3]}
+        rest = {0: mems[1], 1: mems[4]}
+        for l in (0, 1):
+            stream = torch.cat(inputs[l], 1) if inputs[l] else torch.zeros(2, 0, 32)
+            n_groups = stream.shape[1] // 3
+            slots = [torch.einsum("dek,bke->bd", conv[l].weight, stream[:, 3 * g : 3 * g + 3]) + conv[l].bias
+                     for g in range(n_groups)]  # slot g = Σ_k W[:, :, k] x_{3g+k} + b
+            want = torch.stack(slots[-4:], 1) if slots else torch.zeros(2, 0, 32)
+            assert_close(cmem[l], want, atol=1e-5, rtol=1e-5)
+            assert_close(rest[l], stream[:, 3 * n_groups :])  # the < c newest inputs wait, uncompressed
+            inputs[l].append(mems[2 if l == 0 else 5])  # this block's layer input, compressed at the next block
+    assert mems[0].shape[1] == 4 and not any(t.requires_grad for t in mems)
+    # generation: absorbing the pending block once gives what the next forward pass would do
+    x = torch.randint(0, V, (2, 4))
+    assert_close(m(x, m.absorb(mems))[0], m(x, mems)[0])
+
+
+def test_reconstruction_loss_trains_only_the_compression_and_the_lm_loss_the_bias():
+    m = _model("compressive", **COMP_ARGS, recon_weight=0.5)
+    m.train()
+    x = torch.randint(0, V, (2, 6))
+    _, mems = m(x, None)
+    first = m.extra_loss()
+    assert float(first) == 0.0  # nothing compressed yet: a zero that still reaches the conv (DDP)
+    first.backward()
+    assert all(p.grad is not None for p in m.memories.parameters())
+    m.zero_grad(set_to_none=True)
+    rt = m._runtime
+    rt.record_queries = True
+    h, _ = m(x, mems)
+    rt.record_queries = False
+    loss = m.extra_loss()
+    # independent value: Σ_layers 0.5 · mean((attn(q, ln_1(old)) − attn(q, ln_1(f_c(old))))²)
+    ref = 0.0
+    for l in (0, 1):
+        block = m.lm.transformer.h[l]
+        w, b = block.attn.inner.c_attn.weight, block.attn.inner.c_attn.bias
+        old = mems[2 if l == 0 else 5]
+        new = m.memories[str(l)].compress(old)
+        q = rt.queries[l]
+
+        def att(mm):
+            kv = block.ln_1(mm) @ w[:, 32:] + b[32:]
+            k, v = (z.view(2, -1, 2, 16).transpose(1, 2) for z in kv.split(32, -1))
+            return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+        ref = ref + 0.5 * (att(new) - att(old)).pow(2).mean()
+    assert_close(loss, ref.detach(), atol=1e-6, rtol=1e-5)
+    loss.backward(retain_graph=True)
+    for name, p in m.named_parameters():
+        got = p.grad is not None and bool(p.grad.abs().sum() > 0)
+        assert got == ("compress.conv" in name), name  # only f_c learns from the reconstruction
+    m.zero_grad(set_to_none=True)
+    m.nll(h, x).mean().backward()
+    for l in (0, 1):
+        mem = m.memories[str(l)]
+        assert mem.compress.conv.weight.grad is None  # the slots are detached: the LM loss does not train f_c
+        assert mem.pos_bias.grad.abs().sum() > 0  # … it trains the positional bias
 
 
 # ------------------------------------------------------------------------------------------- Lightning
@@ -207,7 +355,7 @@ def _dm(dog, **kw):
 
 def _fit(dm, kind, steps, tmp_path=None, **trainer_kw):
     L.seed_everything(3)
-    args = {"mem_len": 32} if kind == "window" else (LTM_ARGS if kind == "ltm" else {})
+    args = {"window": {"mem_len": 32}, "ltm": LTM_ARGS, "compressive": COMP_ARGS}.get(kind, {})
     module = GPT2MemoryLM(model={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32, "dropout": 0.0},
                           memory_hook={"kind": kind, "args": args}, optim={"lr": 3e-3},
                           generation={"enabled": True, "max_tokens": 4, "meteor": False,
@@ -308,3 +456,44 @@ def test_resume_restores_the_dialogue_memory_and_position(dog, tmp_path):
     assert sorted(resumed.losses) == [4, 5]
     for step in (4, 5):
         assert resumed.losses[step] == pytest.approx(straight.losses[step], rel=1e-5), step
+
+
+def test_resume_restores_the_compressed_memory(dog, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    straight = LossRecorder()
+    _fit(_dm(dog), "compressive", 5, callbacks=[straight])
+    _fit(_dm(dog), "compressive", 5, callbacks=[StopAt(3), ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3,
+                                                                             save_top_k=-1)])
+    mem = torch.load(tmp_path / "epoch=0-step=3.ckpt", weights_only=True)["repro"]["train_memory"]
+    assert len(mem) == 6 and mem[0].shape[0] == 1 and mem[0].shape[1] > 0  # (cmem, rest, pending) per layer
+    resumed = LossRecorder()
+    _fit(_dm(dog), "compressive", 5, callbacks=[resumed], ckpt_path=str(tmp_path / "epoch=0-step=3.ckpt"))
+    assert sorted(resumed.losses) == [4, 5]
+    for step in (4, 5):
+        assert resumed.losses[step] == pytest.approx(straight.losses[step], rel=1e-5), step
+
+
+def test_compressive_dialogue_config_fits_and_tests_through_the_cli(dog, root, tmp_path, monkeypatch):
+    from repro.cli import main
+
+    monkeypatch.chdir(root)
+    data, tok = dog
+    tok.tok.save(str(tmp_path / "tok.json"))
+    cfg = "configs/infinity_former/tiny/gpt2_dog_compressive.yaml"
+    small = ["--data.init_args.root", str(data), "--data.init_args.tokenizer",
+             f"{{kind: file, name: {tmp_path / 'tok.json'}}}", "--data.init_args.block_size", "32",
+             "--data.init_args.max_responses", "2",
+             "--model.init_args.model", "{pretrained: null, n_layer: 2, n_embd: 32, n_head: 2, n_positions: 32, "
+             "dropout: 0.0}", "--run.tracking", "none", "--trainer.accelerator", "cpu"]
+    ckpt = tmp_path / "c.ckpt"
+    main(["fit", "-c", cfg, *small, "--trainer.max_steps", "3", "--trainer.limit_val_batches", "2",
+          "--run.checkpoint", str(ckpt), "--run.record", str(tmp_path / "fit.json")])
+    assert json.loads((tmp_path / "fit.json").read_text())["provenance"]["steps"] == 3
+    out = tmp_path / "gen.jsonl"
+    main(["test", "-c", cfg, "-c", cfg.replace(".yaml", ".eval.yaml"), *small, "--ckpt_path", str(ckpt),
+          "--model.init_args.generation", f"{{enabled: true, max_tokens: 4, meteor: false, output: {out}}}",
+          "--run.record", str(tmp_path / "test.json")])
+    metrics = json.loads((tmp_path / "test.json").read_text())["metrics"]
+    assert math.isfinite(metrics["test/ppl"]) and metrics["test/responses"] == 2
+    assert len(out.read_text().splitlines()) == 2

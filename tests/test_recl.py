@@ -121,3 +121,43 @@ def test_repro_recl_command(tmp_path, root, monkeypatch):
     assert set(rec["recl"]) == {"0.1", "0.5", "1.0"} and rec["tokens"] == 390  # 10 streams of 39 targets
     assert rec["recl"]["0.1"]["wt103_base"]["recl"] in (8, 16, 32)
     assert (tmp_path / "recl.png").stat().st_size > 0
+
+
+def _family(name):
+    """A small random model of each paper, through its own LightningModule."""
+    from papers.infinity_former.module import InfinityFormerLM
+    from papers.lamemo.module import LaMemoLM
+    from papers.mgk.module import MGKLanguageModel
+
+    base = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=30, dropout=0.0, dropatt=0.0)
+    if name == "lamemo":
+        return LaMemoLM(model=base, memory=MemorySettings(mem_len=4), n_token=30).eval(), "memory"
+    if name == "infinity_former":
+        return InfinityFormerLM(model=base, backbone="infinity_former", ltm={"n_basis": 8, "n_samples": 4},
+                                memory=MemorySettings(mem_len=4), n_token=30).eval(), "memory"
+    return MGKLanguageModel(model={**base, "attention": "absolute"}, mgk={"attention": "mgk", "n_components": 2},
+                            n_token=30).eval(), "window"
+
+
+@pytest.mark.parametrize("family", ["lamemo", "infinity_former", "mgk"])
+def test_token_losses_work_for_every_paper_model(family):
+    torch.manual_seed(0)
+    module, mode = _family(family)
+    with torch.no_grad():
+        for p in module.parameters():  # away from the initialisation's near-uniform predictions
+            p.add_(0.3 * torch.randn_like(p))
+    tokens = torch.randint(0, 30, (2 * 17,))
+    losses = {c: token_losses(module, tokens, context=c, mode=mode, batch_size=2, tgt_len=4, stride=1)
+              for c in (2, 8)}
+    assert all(v.shape == (2 * 16,) and np.isfinite(v).all() for v in losses.values())
+    assert not np.allclose(losses[2], losses[8])  # the context offered changes the predictions
+    if mode == "window":  # a window model: each token from exactly the c tokens before it, recomputed naively
+        streams = tokens.view(2, 17)
+        ref = []
+        with torch.no_grad():
+            for b in range(2):
+                for t in range(16):
+                    ctx = streams[b, max(0, t - 8 + 1) : t + 1][None]
+                    h, _ = module.model(ctx, None, mem_len=0)
+                    ref.append(module.model.nll(h[:, -1:], streams[b, t + 1].view(1, 1)).item())
+        assert_close(torch.tensor(losses[8]), torch.tensor(ref, dtype=torch.float64), rtol=1e-4, atol=1e-4)

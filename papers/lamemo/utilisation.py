@@ -121,5 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.out}: memory mass {out['memory_mass']:.3f} over {out['segments']} segments")
 
 
+def after_run(config: str, checkpoint: str, experiment: str, record_dir: str) -> None:
+    """`repro runs --after papers.lamemo.utilisation`: analyse each trained checkpoint in the same process."""
+    main(["-c", config, "--ckpt", checkpoint, "--experiment", experiment,
+          "--out", f"{record_dir}/{experiment}.utilisation.json"])
+
+
 if __name__ == "__main__":
     main()

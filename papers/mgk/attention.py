@@ -154,6 +154,33 @@ class MGKAttention(nn.Module):
         return self.o_net(out.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)), None
 
 
+def causal_linear_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *, chunk: int = 64):
+    """num_t = Σ_{j≤t} (φq_t·φk_j) v_j and den_t = Σ_{j≤t} φq_t·φk_j for (B, H, T, E) inputs, chunk by chunk.
+
+    The prefix-sum form materialises a (T, E, E) running state per head; here the sequence is cut into chunks of
+    C: inside a chunk the masked (C × C) products, across chunks one (E, E) state per chunk (an exclusive prefix
+    sum over chunks). Same sums, in another order: O(T·(C + E)·E) time and O(T/C·E²) state instead of O(T·E²)."""
+    b, h, t, e = phi_q.shape
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    if pad:  # zero keys and values add nothing; the padded queries are dropped at the end
+        phi_q, phi_k, v = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, phi_k, v))
+    q = phi_q.view(b, h, n, chunk, e)
+    k = phi_k.view(b, h, n, chunk, e)
+    vv = v.reshape(b, h, n, chunk, v.shape[-1])
+    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    a = (q @ k.transpose(-1, -2)).masked_fill(~tri, 0.0)  # (B, H, n, C, C) within each chunk, j ≤ t
+    state = torch.einsum("bhnce,bhncf->bhnef", k, vv)  # each chunk's Σ φk_j v_jᵀ
+    state = state.cumsum(2) - state  # exclusive: the chunks before
+    ksum = k.sum(3)
+    ksum = ksum.cumsum(2) - ksum  # (B, H, n, E)
+    num = a @ vv + q @ state
+    den = a.sum(-1, keepdim=True) + (q * ksum[:, :, :, None, :]).sum(-1, keepdim=True)
+    num = num.reshape(b, h, n * chunk, -1)[:, :, :t]
+    den = den.reshape(b, h, n * chunk, 1)[:, :, :t]
+    return num, den
+
+
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020), the feature map of linear attention."""
     return F.elu(x) + 1.0
@@ -162,9 +189,12 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 class MLKAttention(nn.Module):
     """Linear attention with mixture keys (MLK / sMLK; R = 1 with `separate` keys is plain linear attention).
 
-    Causal attention uses prefix sums over the keys (O(T·E²)); non-causal attention sums over the unmasked keys.
-    `mask_TK`: the causal (T, K) mask when `causal`, else a padding mask broadcastable to (B, 1, 1, K).
+    Causal attention is the prefix-sum form computed chunk by chunk (`causal_linear_attention`: O(T·(C + E)·E)
+    time, O(T/C·E²) state); non-causal attention sums over the unmasked keys. `mask_TK`: the causal (T, K) mask when
+    `causal`, else a padding mask broadcastable to (B, 1, 1, K).
     """
+
+    chunk = 64  # C of the chunked causal form
 
     def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float = 0.0, n_components: int = 2,
                  keys: KeyKind = "separate", causal: bool = True, eps: float = 1e-6):
@@ -183,9 +213,7 @@ class MLKAttention(nn.Module):
         phi_q = elu_feature_map(q)  # (B, H, T, E)
         phi_k = (elu_feature_map(k) * pi[None, :, :, None, None]).sum(2)  # Σ_r π_r φ(k_jr): (B, H, K, E)
         if self.causal:
-            kv = torch.einsum("bhke,bhkf->bhkef", phi_k, v).cumsum(2)  # prefix sums (B, H, T, E, E)
-            num = torch.einsum("bhte,bhtef->bhtf", phi_q, kv)
-            den = (phi_q * phi_k.cumsum(2)).sum(-1, keepdim=True)
+            num, den = causal_linear_attention(phi_q, phi_k, v, chunk=self.chunk)
         else:
             if mask_TK is not None:  # key padding (B, 1, 1, K): padded keys contribute nothing
                 if mask_TK.dim() != 4 or mask_TK.shape[1] != 1 or mask_TK.shape[2] != 1:

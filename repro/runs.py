@@ -1,0 +1,224 @@
+"""`repro runs`: the experiments of a DVC stage's group, trained and tested in as few processes as possible.
+
+This module imports neither torch nor Lightning at the top: with `--jobs N` the parent process only deals the
+experiments to N worker processes (`repro runs … --jobs 1`), which import them once each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def run_spec(spec: str) -> tuple[str, str | None, int | None, str]:
+    """`CONFIG[+VARIANT][@SEED]` → (config name, variant, seed, experiment name). The experiment is the config name,
+    then `_VARIANT`, then `.seedSEED`: `lra_listops+mgk1@2` is config `lra_listops` with `model.init_args.variant
+    mgk1`, seed 2, experiment `lra_listops_mgk1.seed2`."""
+    import re
+
+    m = re.fullmatch(r"([A-Za-z0-9_.-]+?)(?:\+([A-Za-z0-9_]+))?(?:@(\d+))?", spec)
+    if not m:
+        raise ValueError(f"run spec {spec!r} is not CONFIG[+VARIANT][@SEED] (e.g. wt103_base, char_txl@2, "
+                         "lra_listops+mgk1@1)")
+    config, variant, seed = m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None
+    exp = config + (f"_{variant}" if variant else "") + (f".seed{seed}" if seed is not None else "")
+    return config, variant, seed, exp
+
+
+def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests: str = "eval",
+               configs_root: str = "configs") -> list[tuple[list[str], tuple[str, str, str] | None]]:
+    """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
+    spec carries the after-run arguments (config, checkpoint, experiment)."""
+    base = Path(configs_root) / paper / profile
+    ckpt_dir, rec_dir = Path("checkpoints") / paper / profile / group, Path("results") / paper / "runs" / profile / group
+    curve_dir = Path("results") / paper / "curves" / profile / group
+    kinds = [t.split(":", 1) if ":" in t else [t, ""] for t in tests.split(",") if t]
+    if not kinds or any(k not in ("train", "eval") for k, _ in kinds):
+        raise ValueError(f"--tests is a comma-separated list of train|eval[:SUFFIX], got {tests!r}")
+    out = []
+    for spec in specs:
+        config, variant, seed, exp = run_spec(spec)
+        cfg = base / f"{config}.yaml"
+        if not cfg.exists():
+            raise ValueError(f"run spec {spec!r}: no config {cfg}")
+        extra = (["--model.init_args.variant", variant] if variant else []) + \
+            (["--seed_everything", str(seed)] if seed is not None else [])
+        ckpt = ckpt_dir / f"{exp}.ckpt"
+        out.append((["fit", "-c", str(cfg), *extra, "--run.experiment", exp, "--run.checkpoint", str(ckpt),
+                     "--run.record", str(rec_dir / f"{exp}.fit.json"), "--run.curves", str(curve_dir / f"{exp}.csv")],
+                    None))
+        for kind, suffix in kinds:
+            name = f"{exp}.{suffix}" if suffix else exp
+            cfgs = ["-c", str(cfg)]
+            if kind == "eval" and (base / f"{config}.eval.yaml").exists():
+                cfgs += ["-c", str(base / f"{config}.eval.yaml")]
+            out.append((["test", *cfgs, *extra, "--run.experiment", name, "--ckpt_path", str(ckpt),
+                         "--run.record", str(rec_dir / f"{name}.test.json")], None))
+        out[-1] = (out[-1][0], (str(cfg), str(ckpt), exp))
+    return out
+
+
+def run_group(argv: list[str]) -> None:
+    """`repro runs --paper P --profile PROFILE --group G SPEC ...`: the fit and test of every experiment of a group
+    in one process per worker (the start-up, ~8 s of imports and tracking set-up, is paid once per worker; each run
+    keeps its own seed, Trainer, MLflow run and record). Files: `checkpoints/P/PROFILE/G/EXP.ckpt`,
+    `results/P/runs/PROFILE/G/EXP.{fit,test}.json`, `results/P/curves/PROFILE/G/EXP.csv` — the DVC stage of a group
+    owns these three folders. `--tests` lists the test runs after each fit: `eval` (the config plus its
+    `.eval.yaml` when there is one, the default), `train` (the training config alone), each with an optional
+    `:SUFFIX` added to the experiment name. `--after MODULE` calls `MODULE.after_run(config, checkpoint,
+    experiment, record_dir)` after each experiment's tests (e.g. an analysis of the trained checkpoint)."""
+    import argparse
+    import importlib
+    import shlex
+
+    ap = argparse.ArgumentParser(prog="repro runs", description=run_group.__doc__)
+    ap.add_argument("--paper", required=True)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--tests", default="eval")
+    ap.add_argument("--after", help="module with after_run(config, checkpoint, experiment, record_dir)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="worker processes that share the experiments (each with --threads threads): small models "
+                         "on a few CPU cores train faster side by side than one after the other")
+    ap.add_argument("--threads", type=int, help="torch threads per worker (default: the cores divided by --jobs)")
+    ap.add_argument("--queue", help=argparse.SUPPRESS)  # a worker: take the specs one by one from this file
+    ap.add_argument("specs", nargs="*", metavar="SPEC", help="CONFIG[+VARIANT][@SEED]")
+    args = ap.parse_args(argv)
+    if args.queue:
+        _work_queue(args)
+        return
+    if not args.specs:
+        ap.error("give at least one SPEC")
+    steps = runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests)  # checks every spec first
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be ≥ 1, got {args.jobs}")
+    jobs = min(args.jobs, len(args.specs))
+    if jobs > 1:
+        _run_workers(args, jobs)
+        return
+    _run_specs(args, args.specs)
+
+
+def _run_specs(args, specs: list[str]) -> None:
+    """Train and test `specs` here, one after the other."""
+    import importlib
+    import shlex
+
+    import torch
+
+    from repro.cli import run_steps
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    after = importlib.import_module(args.after).after_run if args.after else None
+    rec_dir = str(Path("results") / args.paper / "runs" / args.profile / args.group)
+    for step, post in runs_steps(args.paper, args.profile, args.group, specs, tests=args.tests):
+        run_steps([shlex.join(step)])
+        if post is not None and after is not None:
+            after(*post, rec_dir)
+
+
+def _next_spec(queue: Path) -> str | None:
+    """Take the first spec off the queue file (under an exclusive lock), or None when it is empty."""
+    import fcntl
+
+    with open(queue, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        lines = [line for line in f.read().splitlines() if line.strip()]
+        if not lines:
+            return None
+        f.seek(0)
+        f.truncate()
+        f.write("".join(line + "\n" for line in lines[1:]))
+        return lines[0]
+
+
+def _work_queue(args) -> None:
+    while (spec := _next_spec(Path(args.queue))) is not None:
+        print(f"repro runs: {spec}", flush=True)
+        _run_specs(args, [spec])
+
+
+def _prepare_tracking(experiment: str) -> None:
+    """Create the MLflow database and the paper's experiment before the workers start: two workers that both find
+    them missing would race to create them (sqlite schema set-up, unique experiment names)."""
+    from mlflow.tracking import MlflowClient
+
+    from repro.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri())
+    if client.get_experiment_by_name(experiment) is None:
+        client.create_experiment(experiment)
+
+
+def _run_workers(args, jobs: int) -> None:
+    """Share the specs among `jobs` worker processes: each takes the next spec from a queue file when it is free
+    (in the order given: list the longest first), so that the workers finish together. Their output is streamed
+    with a `[k]` prefix; the group fails if any worker failed (after all have finished, so that no run is cut
+    half-way)."""
+    import subprocess
+    import tempfile
+    import threading
+
+    threads = args.threads or max(1, (os.cpu_count() or 1) // jobs)
+    _prepare_tracking(args.paper)
+    fixed = ["--paper", args.paper, "--profile", args.profile, "--group", args.group, "--tests", args.tests,
+             *(["--after", args.after] if args.after else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    tmp = tempfile.TemporaryDirectory(prefix="repro-runs-")
+    queue = Path(tmp.name) / "queue"
+    queue.write_text("".join(spec + "\n" for spec in args.specs))
+    print(f"repro runs: {len(args.specs)} experiments, {jobs} workers of {threads} thread{'s' * (threads > 1)}",
+          flush=True)
+    procs = []
+    for k in range(jobs):
+        cmd = [sys.executable, "-m", "repro", "runs", *fixed, "--jobs", "1", "--threads", str(threads),
+               "--queue", str(queue)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+
+    def pump(k: int, stream) -> None:
+        for line in stream:
+            sys.stdout.write(f"[{k}] {line}")
+            sys.stdout.flush()
+
+    pumps = [threading.Thread(target=pump, args=(k, p.stdout), daemon=True) for k, p in enumerate(procs)]
+    for t in pumps:
+        t.start()
+    codes = [p.wait() for p in procs]
+    for t in pumps:
+        t.join()
+    tmp.cleanup()
+    failed = [k for k, c in enumerate(codes) if c]
+    if failed:
+        raise SystemExit(f"repro runs: worker(s) {failed} failed (exit codes {[codes[k] for k in failed]}); "
+                         "see their [k]-prefixed output above")
+
+
+def entry(argv: list[str] | None = None) -> None:
+    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.main`; `runs` starts without torch
+    (its workers import it); the other subcommands (`tables`, `describe`, `bench`, …) start without Lightning and
+    import what they use. Errors the user can act on end with their message alone; REPRO_DEBUG=1 shows the
+    traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
+        from repro.cli import main
+
+        main(argv)
+        return
+    try:
+        if args and args[0] == "runs":
+            run_group(args[1:])
+            return
+        from repro.commands import main as commands_main
+        from repro.data.download import ArchiveError, ChecksumError, DownloadError
+
+        try:
+            commands_main(args)
+        except (DownloadError, ChecksumError, ArchiveError) as err:
+            raise ValueError(str(err)) from err
+    except ValueError as err:
+        if os.environ.get("REPRO_DEBUG"):
+            raise
+        print(f"error: {err}\n(set REPRO_DEBUG=1 to see the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
