@@ -28,6 +28,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+@contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """An exclusive lock on `path` (created if missing) for the duration of the block, across processes: cache
+    builders that clear a folder before filling it hold it, so that two workers never build into one folder."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

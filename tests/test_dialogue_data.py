@@ -252,3 +252,29 @@ def test_text_streams_are_documents_in_order_served_in_blocks(tmp_path, tok, mon
     monkeypatch.setattr(S, "embedded_documents", lambda split: 1 / 0)  # the cache is used, nothing rebuilt
     again.setup()
     assert again.streams["train"].tolist() == want
+
+
+def test_two_builders_of_the_tiny_set_at_once_leave_one_complete_set(tmp_path):
+    """Workers of one `repro runs` group may ask for the generated set together: the lock makes one build it."""
+    import threading
+
+    from repro.text.dialogue import tiny_dog_root
+
+    settings = {"n_docs": 3, "conversations": {"train": 4, "valid": 2, "test": 2}}
+    roots, errors = [], []
+
+    def build():
+        try:
+            roots.append(tiny_dog_root(tmp_path, **settings))
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(roots)) == 1
+    root = roots[0]
+    assert (root / "complete.json").exists()
+    assert sorted(p.parent.name for p in (root / "Conversations").glob("*/*.json")) == ["test"] * 2 + ["train"] * 4 + ["valid"] * 2

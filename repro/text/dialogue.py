@@ -409,17 +409,21 @@ def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     from repro.data.corpora import data_dir
     from repro.data.download import download
 
+    from repro.io import file_lock
+
     base = data_dir(data_root) / "raw" / "cmu_dog"
     root = base / f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"
     if (root / "WikiData").is_dir() and (root / "Conversations").is_dir():
         return root
-    archive = download(CMU_DOG_URL, base / f"{CMU_DOG_COMMIT}.zip", sha256=None, record_sha256=True)
-    tmp = base / ".unpacking"
-    shutil.rmtree(tmp, ignore_errors=True)
-    with zipfile.ZipFile(archive) as zf:
-        zf.extractall(tmp)
-    os.replace(tmp / root.name, root)
-    shutil.rmtree(tmp, ignore_errors=True)
+    with file_lock(base / ".lock"):
+        if not ((root / "WikiData").is_dir() and (root / "Conversations").is_dir()):
+            archive = download(CMU_DOG_URL, base / f"{CMU_DOG_COMMIT}.zip", sha256=None, record_sha256=True)
+            tmp = base / ".unpacking"
+            shutil.rmtree(tmp, ignore_errors=True)
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+            os.replace(tmp / root.name, root)
+            shutil.rmtree(tmp, ignore_errors=True)
     return root
 
 
@@ -429,14 +433,17 @@ def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Pat
     import shutil
 
     from repro.data.corpora import data_dir
-    from repro.io import atomic_write_json
+    from repro.io import atomic_write_json, file_lock
 
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     root = data_dir(data_root) / "cache" / f"tiny_dog-{key}"
-    if not (root / "complete.json").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        generate_tiny_dog(root, **settings)
-        atomic_write_json(root / "complete.json", settings)  # written last: marks a complete set
+    if (root / "complete.json").exists():
+        return root
+    with file_lock(root.with_name(root.name + ".lock")):  # workers of one `repro runs` may arrive together
+        if not (root / "complete.json").exists():
+            shutil.rmtree(root, ignore_errors=True)  # an interrupted build
+            generate_tiny_dog(root, **settings)
+            atomic_write_json(root / "complete.json", settings)  # written last: marks a complete set
     return root
 
 
