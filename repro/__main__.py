@@ -1,3 +1,3 @@
-from repro.runs import entry
+from repro.entry import main
 
-entry()
+main()

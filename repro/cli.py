@@ -336,11 +336,6 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "steps":
         run_steps(argv[1:])
         return
-    if argv and argv[0] == "runs":
-        from repro.runs import run_group
-
-        run_group(argv[1:])
-        return
     from repro import commands
 
     commands.main(argv)

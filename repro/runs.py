@@ -1,7 +1,7 @@
 """`repro runs`: the experiments of a DVC stage's group, trained and tested in as few processes as possible.
 
-This module imports neither torch nor Lightning at the top: with `--jobs N` the parent process only deals the
-experiments to N worker processes (`repro runs … --jobs 1`), which import them once each.
+This module imports neither torch nor Lightning at the top: with `--jobs N` the parent process only shares the
+experiments among N worker processes (`repro runs … --jobs 1`), which import them once each.
 """
 
 from __future__ import annotations
@@ -26,13 +26,18 @@ def run_spec(spec: str) -> tuple[str, str | None, int | None, str]:
     return config, variant, seed, exp
 
 
+def group_dirs(paper: str, profile: str, group: str) -> tuple[Path, Path, Path]:
+    """(checkpoints, records, curves) folders of a group: the outputs of its DVC stage."""
+    return (Path("checkpoints") / paper / profile / group, Path("results") / paper / "runs" / profile / group,
+            Path("results") / paper / "curves" / profile / group)
+
+
 def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests: str = "eval",
                configs_root: str = "configs") -> list[tuple[list[str], tuple[str, str, str] | None]]:
     """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
     spec carries the after-run arguments (config, checkpoint, experiment)."""
     base = Path(configs_root) / paper / profile
-    ckpt_dir, rec_dir = Path("checkpoints") / paper / profile / group, Path("results") / paper / "runs" / profile / group
-    curve_dir = Path("results") / paper / "curves" / profile / group
+    ckpt_dir, rec_dir, curve_dir = group_dirs(paper, profile, group)
     kinds = [t.split(":", 1) if ":" in t else [t, ""] for t in tests.split(",") if t]
     if not kinds or any(k not in ("train", "eval") for k, _ in kinds):
         raise ValueError(f"--tests is a comma-separated list of train|eval[:SUFFIX], got {tests!r}")
@@ -69,8 +74,6 @@ def run_group(argv: list[str]) -> None:
     `:SUFFIX` added to the experiment name. `--after MODULE` calls `MODULE.after_run(config, checkpoint,
     experiment, record_dir)` after each experiment's tests (e.g. an analysis of the trained checkpoint)."""
     import argparse
-    import importlib
-    import shlex
 
     ap = argparse.ArgumentParser(prog="repro runs", description=run_group.__doc__)
     ap.add_argument("--paper", required=True)
@@ -90,7 +93,7 @@ def run_group(argv: list[str]) -> None:
         return
     if not args.specs:
         ap.error("give at least one SPEC")
-    steps = runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests)  # checks every spec first
+    runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests)  # checks every spec, fails fast
     if args.jobs < 1:
         raise ValueError(f"--jobs must be ≥ 1, got {args.jobs}")
     jobs = min(args.jobs, len(args.specs))
@@ -112,7 +115,7 @@ def _run_specs(args, specs: list[str]) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     after = importlib.import_module(args.after).after_run if args.after else None
-    rec_dir = str(Path("results") / args.paper / "runs" / args.profile / args.group)
+    rec_dir = str(group_dirs(args.paper, args.profile, args.group)[1])
     for step, post in runs_steps(args.paper, args.profile, args.group, specs, tests=args.tests):
         run_steps([shlex.join(step)])
         if post is not None and after is not None:
@@ -143,13 +146,9 @@ def _work_queue(args) -> None:
 def _prepare_tracking(experiment: str) -> None:
     """Create the MLflow database and the paper's experiment before the workers start: two workers that both find
     them missing would race to create them (sqlite schema set-up, unique experiment names)."""
-    from mlflow.tracking import MlflowClient
+    from repro.tracking import experiment_id
 
-    from repro.tracking import tracking_uri
-
-    client = MlflowClient(tracking_uri())
-    if client.get_experiment_by_name(experiment) is None:
-        client.create_experiment(experiment)
+    experiment_id(experiment)
 
 
 def _run_workers(args, jobs: int) -> None:
@@ -193,32 +192,3 @@ def _run_workers(args, jobs: int) -> None:
     if failed:
         raise SystemExit(f"repro runs: worker(s) {failed} failed (exit codes {[codes[k] for k in failed]}); "
                          "see their [k]-prefixed output above")
-
-
-def entry(argv: list[str] | None = None) -> None:
-    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.main`; `runs` starts without torch
-    (its workers import it); the other subcommands (`tables`, `describe`, `bench`, …) start without Lightning and
-    import what they use. Errors the user can act on end with their message alone; REPRO_DEBUG=1 shows the
-    traceback."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
-        from repro.cli import main
-
-        main(argv)
-        return
-    try:
-        if args and args[0] == "runs":
-            run_group(args[1:])
-            return
-        from repro.commands import main as commands_main
-        from repro.data.download import ArchiveError, ChecksumError, DownloadError
-
-        try:
-            commands_main(args)
-        except (DownloadError, ChecksumError, ArchiveError) as err:
-            raise ValueError(str(err)) from err
-    except ValueError as err:
-        if os.environ.get("REPRO_DEBUG"):
-            raise
-        print(f"error: {err}\n(set REPRO_DEBUG=1 to see the traceback)", file=sys.stderr)
-        raise SystemExit(2) from None

@@ -140,12 +140,10 @@ def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: R
         return
     from mlflow.tracking import MlflowClient
 
-    from repro.tracking import tracking_uri
+    from repro.tracking import experiment_id, tracking_uri
 
     client = MlflowClient(tracking_uri())
-    exp = client.get_experiment_by_name(paper)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(paper)
-    run = client.create_run(exp_id, run_name=f"tables:{paper}", tags={"subcommand": "tables"})
+    run = client.create_run(experiment_id(paper, client), run_name=f"tables:{paper}", tags={"subcommand": "tables"})
     rid = run.info.run_id
     for p in [*paths, *sorted((results.root / paper).glob("*.png"))]:
         client.log_artifact(rid, str(p), artifact_path="tables")

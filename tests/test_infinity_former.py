@@ -302,3 +302,42 @@ def test_language_model_module_adds_the_kl_term_to_the_loss():
         InfinityFormerLM(model=SMALL, backbone="infinity_former")
     with pytest.raises(ValueError, match="backbone is one of"):
         InfinityFormerLM(model=SMALL, backbone="gpt")
+
+
+def test_gpt2_tables_put_each_record_in_its_cell_and_check_the_claims_on_it(tmp_path):
+    import json
+
+    from papers.infinity_former import tables
+    from repro.tables import Results
+
+    runs = tmp_path / "infinity_former" / "runs" / "tiny" / "dialogue"  # a `repro runs` group folder
+    runs.mkdir(parents=True)
+    ppl = {"gpt2": 30.0, "compressive": 29.0, "inftyformer": 28.0, "inftyformer_sticky": 27.5}
+    for key, p in ppl.items():
+        rec = {"paper": "infinity_former", "experiment": f"gpt2_lm_{key}", "profile": "tiny", "stage": "test",
+               "metrics": {"test/ppl": p}, "provenance": {"steps": 10}}
+        (runs / f"gpt2_lm_{key}.test.json").write_text(json.dumps(rec))
+    f1 = {"nodoc": 5.0, "gpt2": 6.0, "compressive": 7.0, "inftyformer": 8.0, "inftyformer_sticky": 7.5}
+    for key, f in f1.items():
+        metrics = {"test/ppl": 20.0 - f, "test/f1": f, "test/rouge1": f + 1, "test/rougeL": f + 0.5,
+                   "test/meteor": f - 1, "test/rouge1_recall": 40.0, "test/rougeL_recall": 41.0}
+        rec = {"paper": "infinity_former", "experiment": f"gpt2_dog_{key}", "profile": "tiny", "stage": "test",
+               "metrics": metrics, "provenance": {"steps": 10}}
+        (runs / f"gpt2_dog_{key}.test.json").write_text(json.dumps(rec))
+    results = Results("infinity_former", root=tmp_path)
+    t1 = tables.table1(results)
+    row = {r[0]: r for r in t1.rows}
+    assert (row["GPT-2"][1].value, row["GPT-2"][2].value) == (16.85, 33.44)  # the paper's Table 1 (PAPERS.md §2)
+    assert (row["∞-former (sticky memories)"][1].value, row["∞-former (sticky memories)"][2].value) == (16.61, 32.48)
+    assert row["Compressive"][5].value == 29.0 and row["Compressive"][3].value == "not run"
+    md = t1.markdown()
+    assert "∞-former below GPT-2: yes" in md and "compressive below GPT-2: yes" in md
+    t2 = tables.table2(results)
+    rows = {(r[0], r[1]): r for r in t2.rows}
+    assert [c.value for c in rows[("∞-former", "paper")][2:7]] == [18.02, 8.92, 15.28, 12.51, 7.52]
+    ours = rows[("∞-former", "ours (tiny)")]
+    assert [c.value for c in ours[2:9]] == [12.0, 8.0, 9.0, 8.5, 7.0, 40.0, 41.0]
+    md = t2.markdown()
+    # PPL lower is better, the other metrics higher: ∞-former (ppl 12, F1 8) against GPT-2 (ppl 14, F1 6)
+    assert "∞-former better than GPT-2: PPL yes, F1 yes, ROUGE-1 yes, ROUGE-L yes, METEOR yes" in md
+    assert "∞-former (sticky memories) better than ∞-former: PPL no, F1 no" in md

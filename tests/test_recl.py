@@ -151,8 +151,20 @@ def test_token_losses_work_for_every_paper_model(family):
               for c in (2, 8)}
     assert all(v.shape == (2 * 16,) and np.isfinite(v).all() for v in losses.values())
     assert not np.allclose(losses[2], losses[8])  # the context offered changes the predictions
+    streams = tokens.view(2, 17)
+    if mode == "memory":  # the first segment has no memory: one plain forward pass of its 4 tokens
+        with torch.no_grad():
+            h, _ = module.model(streams[:, :4], None, mem_len=8)
+            ref = module.model.nll(h, streams[:, 1:5]).double()
+        assert_close(torch.tensor(losses[8]).view(2, 16)[:, :4], ref, rtol=1e-4, atol=1e-4)
+    if family == "infinity_former":  # a short-term memory longer than the stream: nothing ever reaches the
+        # long-term memory, so every token sees all before it, as in one pass over the whole stream
+        full = token_losses(module, tokens, context=64, mode=mode, batch_size=2, tgt_len=4)
+        with torch.no_grad():
+            h, _ = module.model(streams[:, :-1], None, mem_len=0)
+            ref = module.model.nll(h, streams[:, 1:]).reshape(-1).double()
+        assert_close(torch.tensor(full), ref, rtol=1e-4, atol=1e-4)
     if mode == "window":  # a window model: each token from exactly the c tokens before it, recomputed naively
-        streams = tokens.view(2, 17)
         ref = []
         with torch.no_grad():
             for b in range(2):

@@ -236,11 +236,27 @@ class CompressiveTransformer(TransformerXL):
         b, t, _ = h_BTD.shape
         q_BHTE = F.linear(h_BTD, w[: nh * e]).view(b, t, nh, e).transpose(1, 2) * att.scale
 
-        def attend_to(m_BND):
+        def keys_values(m_BND):
             kv = F.linear(m_BND, w[nh * e:]).view(b, m_BND.shape[1], 2, nh, e).permute(2, 0, 3, 1, 4)
-            prob = torch.softmax(q_BHTE @ kv[0].transpose(-1, -2), dim=-1, dtype=torch.float32)
-            return prob.to(kv.dtype) @ kv[1]  # (B, H, T, E)
+            return kv[0], kv[1]
 
-        with torch.no_grad():
-            target = attend_to(old_BOD).float()
-        return F.mse_loss(attend_to(new_BCD).float(), target)
+        return reconstruction_error(q_BHTE, keys_values, old_BOD, new_BCD)
+
+
+def reconstruction_error(q_BHTE: torch.Tensor, keys_values, old_BOD: torch.Tensor,
+                         new_BCD: torch.Tensor) -> torch.Tensor:
+    """Rae et al. Algorithm 2: mean ‖attn(q, old) − attn(q, f_c(old))‖² (over batch, heads, queries, channels).
+
+    `q_BHTE`: the layer's queries, already scaled and detached; `keys_values(m_BND) -> (k_BHNE, v_BHNE)`: the
+    layer's key and value projections with detached weights, so that the gradient reaches f_c (through `new_BCD`)
+    only. Content attention softmax(q·kᵀ)·v per head in float32, no mask, no positional terms, no output projection.
+    Used by `CompressiveTransformer` and by the compressive GPT-2 memory (`gpt2.CompressiveLayerMemory`)."""
+
+    def attend_to(m_BND):
+        k, v = keys_values(m_BND)
+        prob = torch.softmax(q_BHTE @ k.to(q_BHTE.dtype).transpose(-1, -2), dim=-1, dtype=torch.float32)
+        return prob.to(v.dtype) @ v  # (B, H, T, E)
+
+    with torch.no_grad():
+        target = attend_to(old_BOD).float()
+    return F.mse_loss(attend_to(new_BCD.to(old_BOD.dtype)).float(), target)

