@@ -17,11 +17,16 @@ and the compressive memory (`papers/infinity_former/compressive.py`) implement t
 
 - `init_state(batch, device, dtype) -> dict[str, Tensor]`: an empty memory; every tensor is batch-first (the
   state is carried between blocks, sliced per DDP rank and saved in checkpoints);
-- `update(state, x_BLD) -> state`: absorb `x`, the hidden states that entered this layer (its block input, before
-  `ln_1`) during the previous block, detached, as the official `Block.mem`. It is called at the start of the
-  next block's forward pass, with gradients on, so the memory's own parameters (e.g. the LTM's smoothing gate)
-  learn from the loss of the block that reads it, as in the official code where the LTM refits its coefficients
-  inside `LongTermAttention.forward`;
+- `update(state, x_BLD) -> state`: absorb `x`, what entered this layer during the previous block, detached, as
+  the official `Block.mem`; which vector that is, is `MemoryHook.stores`: `block_input` (the block input before
+  `ln_1`: the official language-modelling code, `finetune_gpt2` `Block.forward`, `self.mem = hidden_states.detach()`)
+  or `ln_1` (the official document-grounded code, `document_grounded_generation` `Block.forward`,
+  `self.mem = self.ln_1(hidden_states.detach())`: ln_1 of the detached input, so ln_1's gain and bias also learn
+  through the memory; we apply the block's ln_1 to the detached input when the memory absorbs it, at the start of
+  the next block — the same weights when the optimiser steps once per conversation, as the official does).
+  It is called at the start of the next block's forward pass, with gradients on, so the memory's own parameters
+  (e.g. the LTM's smoothing gate) learn from the loss of the block that reads it, as in the official code where
+  the LTM refits its coefficients inside `LongTermAttention.forward`;
 - `attend(q_BHTd, state) -> Z_BTD | None`: the memory's contribution for the queries of this layer's
   self-attention (GPT-2's own query projection, split into heads); `None` when the memory is empty. `Z` is added
   to the self-attention output after its output projection, before the residual connection (the official
@@ -84,6 +89,11 @@ Deviations from the official code (deep-spin/infinite-former `finetune_gpt2`, `d
   `FinetuneOptim`;
 - the official GPT-2 attention applied one dropout to `c_proj(a) + Z`; here GPT-2's own attention output is
   dropped out inside `transformers` and `Z` gets its own dropout mask (same rate).
+
+Official details matched through settings (the paper configs set them; see README "GPT-2 parity"): σ² ≥ 1e-4
+(`ltm.min_var`), what the memory stores (`memory_hook.stores`), the language-modelling code's μ term of the KL
+(`ltm.mu_0` = −1), N(0, 0.02) for the LTM's linear maps (`ltm.init_std`), and for dialogue one optimiser step per
+conversation after back-propagating and clipping each piece (`optim.step_per: conversation`, `optim.clip`).
 """
 
 from __future__ import annotations
@@ -122,15 +132,30 @@ class MemoryHook:
     kind: Literal["none", "window", "ltm", "compressive"] = "none"
     layers: tuple[int, ...] | None = None  # layers with a memory (None: all)
     args: dict[str, Any] = field(default_factory=dict)  # passed to the memory's constructor
+    # what a layer's memory absorbs: its block input (official finetune_gpt2, Table 1) or ln_1 of it (official
+    # document_grounded_generation, Table 2); see the module docstring
+    stores: Literal["block_input", "ln_1"] = "block_input"
 
     def __post_init__(self):
         if self.kind not in ("none", "window", "ltm", "compressive"):
             raise ValueError(f"memory kind is none | window | ltm | compressive, got {self.kind!r}")
+        if self.stores not in ("block_input", "ln_1"):
+            raise ValueError(f"memory_hook.stores is block_input | ln_1, got {self.stores!r}")
+        if self.kind == "compressive" and self.stores != "block_input":
+            raise ValueError("the compressive memory projects its slots through the block's ln_1 itself: "
+                             "use memory_hook.stores: block_input")
 
 
 @dataclass(frozen=True)
 class FinetuneOptim:
-    """AdamW with a linear decay to 0 over `trainer.max_steps` (the official fine-tuning: lr 5e-5)."""
+    """AdamW with a linear decay to 0 over `trainer.max_steps` (the official fine-tuning: lr 5e-5).
+
+    `step_per: conversation` reproduces the official dialogue loop (`document_grounded_generation/train.py`,
+    `update`): each piece of a conversation is back-propagated (its mean NLL + λ_KL·KL, not divided by the number
+    of pieces) and the accumulated gradient clipped to norm `clip` after every piece, and the optimiser (and the
+    schedule) steps once per conversation. It needs dialogue batches and one process (the official batch is one
+    conversation); `trainer.gradient_clip_val` must then be unset (`clip` replaces it) and `trainer.max_steps`
+    counts conversations. `step_per: piece` steps after every batch (Lightning's loop, `trainer.gradient_clip_val`)."""
 
     lr: float = 5e-5
     weight_decay: float = 0.0
@@ -138,6 +163,15 @@ class FinetuneOptim:
     eps: float = 1e-8
     warmup_steps: int = 0
     schedule: Literal["linear", "constant"] = "linear"
+    step_per: Literal["piece", "conversation"] = "piece"
+    clip: float | None = None  # gradient-norm clip after each piece (step_per: conversation; official max_norm 1.0)
+
+    def __post_init__(self):
+        if self.step_per not in ("piece", "conversation"):
+            raise ValueError(f"optim.step_per is piece | conversation, got {self.step_per!r}")
+        if self.clip is not None and (self.clip <= 0 or self.step_per != "conversation"):
+            raise ValueError("optim.clip (> 0) is for step_per: conversation; with step_per: piece use "
+                             "trainer.gradient_clip_val")
 
     def factor(self, step: int, max_steps: int) -> float:
         if step < self.warmup_steps:
@@ -199,7 +233,7 @@ class LTMLayerMemory(LayerMemory):
     """The ∞-former's continuous long-term memory (`ContinuousLTM`) behind the hook.
 
     Args (from `memory_hook.args`): `ltm` (an `LTMConfig` dict: N, widths, ridge, τ, samples, sticky, bins, σ₀,
-    λ_KL, gate), `threshold` (tokens absorbed before the memory is emptied; None: never)."""
+    μ₀, λ_KL, gate, σ² floor, init std), `threshold` (tokens absorbed before the memory is emptied; None: never)."""
 
     def __init__(self, d_model: int, n_head: int, ltm: dict | None = None, threshold: int | None = None):
         super().__init__()
@@ -229,7 +263,7 @@ class LTMLayerMemory(LayerMemory):
         return {"coef": coef, "hist": state["hist"], "count": state["count"] + x_BLD.shape[1]}
 
     def attend(self, q_BHTd, state):
-        from papers.infinity_former.ltm import attention_histogram, kl_to_sigma0
+        from papers.infinity_former.ltm import attention_histogram, kl_regulariser
 
         self._loss = None
         if state["coef"].shape[1] == 0:
@@ -239,7 +273,9 @@ class LTMLayerMemory(LayerMemory):
             with torch.no_grad():  # where this block's queries looked: the next update's sampling histogram
                 state["hist"] = attention_histogram(mu.detach(), var.detach(), self.cfg.n_bins)
         if self.training and self.cfg.kl_weight:
-            self._loss = self.cfg.kl_weight * kl_to_sigma0(var, self.cfg.sigma_0).mean()
+            # mean over batch, heads and queries, summed over layers (the official `kl_reg.mean()` of the layers' sum)
+            kl = kl_regulariser(mu, var, sigma_0=self.cfg.sigma_0, mu_0=self.cfg.mu_0)
+            self._loss = self.cfg.kl_weight * kl.mean()
         return out
 
     def extra_loss(self):
@@ -581,7 +617,7 @@ class GPT2WithMemory(nn.Module):
                 states, pending = self._unflatten(mems)
             for l in self.layers:
                 if pending[l].shape[1]:
-                    states[l] = self.memories[str(l)].update(states[l], pending[l])
+                    states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
             rt.states = states
         out = self.lm.transformer(input_ids=tokens_BT, token_type_ids=types, use_cache=False)
         hidden = out.last_hidden_state
@@ -592,6 +628,13 @@ class GPT2WithMemory(nn.Module):
         rt.inputs = {}
         return hidden, new_mems
 
+    def _memory_input(self, layer: int, x_BLD: torch.Tensor) -> torch.Tensor:
+        """What layer `layer`'s memory absorbs of its detached block inputs: themselves, or the block's ln_1 of them
+        (with gradients into ln_1, as the official document-grounded `Block.forward`)."""
+        if self.hook.stores == "ln_1":
+            return self.lm.transformer.h[layer].ln_1(x_BLD)
+        return x_BLD
+
     def absorb(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
         """The memory with its pending block absorbed (generation reuses it for every new token)."""
         if mems is None or not self.layers:
@@ -599,7 +642,7 @@ class GPT2WithMemory(nn.Module):
         states, pending = self._unflatten(mems)
         for l in self.layers:
             if pending[l].shape[1]:
-                states[l] = self.memories[str(l)].update(states[l], pending[l])
+                states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
                 pending[l] = pending[l][:, :0]
         return self._flatten(states, pending)
 
@@ -663,6 +706,10 @@ class GPT2MemoryLM(SegmentLM):
                                    "optim": asdict(self.finetune), "generation": asdict(self.generation),
                                    "n_token": n_token})
         self.generated: list[dict[str, Any]] = []
+        # one optimiser step per conversation (the official dialogue loop): Lightning's automatic loop steps after
+        # every batch and accumulates only fixed counts, so the steps are taken by hand (`training_step`)
+        self.automatic_optimization = self.finetune.step_per == "piece"
+        self._unstepped = False  # gradients of the current conversation's pieces wait for its step
 
     def build_model(self) -> GPT2WithMemory:
         return GPT2WithMemory(self.settings, self.hook, self.n_token)
@@ -681,7 +728,31 @@ class GPT2MemoryLM(SegmentLM):
         nll = self.model.nll(hidden, batch.target)
         return nll, batch.target != IGNORE
 
+    def on_train_start(self) -> None:
+        if not self.automatic_optimization:
+            if self.trainer.world_size > 1:
+                raise ValueError("optim.step_per: conversation runs in one process (the official batch is one "
+                                 "conversation; ranks would step at different pieces): use step_per: piece under DDP")
+            if self.trainer.gradient_clip_val:
+                raise ValueError("optim.step_per: conversation clips by itself: unset trainer.gradient_clip_val and "
+                                 "set optim.clip")
+
+    def _conversation_step(self) -> None:
+        """The step after a conversation's pieces (official `update`: `optimizer.step(); optimizer.zero_grad()`),
+        then the schedule, which counts conversations (the official `PiecewiseLinear` over iterations)."""
+        opt = self.optimizers()
+        opt.step()
+        opt.zero_grad()
+        self.lr_schedulers().step()
+        self._unstepped = False
+
     def training_step(self, batch, batch_idx):
+        if not self.automatic_optimization:
+            if not hasattr(batch, "reset"):
+                raise ValueError("optim.step_per: conversation needs dialogue batches (repro.text.dialogue); "
+                                 "language-modelling streams use step_per: piece")
+            if batch.reset and self._unstepped:  # a new conversation: the previous one is complete
+                self._conversation_step()
         nll, mask = self._run("train", batch)
         n = mask.sum()
         loss = nll.sum() / n.clamp(min=1)
@@ -695,7 +766,18 @@ class GPT2MemoryLM(SegmentLM):
         self.log("train/loss", loss.detach(), prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach()))
         self.log("train/bpc", loss.detach() / math.log(2))
-        return total
+        if self.automatic_optimization:
+            return total
+        opt = self.optimizers()
+        self.manual_backward(total)
+        if self.finetune.clip:  # the accumulated gradient, after every piece (official `clip_grad_norm_` per piece)
+            self.clip_gradients(opt, gradient_clip_val=self.finetune.clip, gradient_clip_algorithm="norm")
+        self._unstepped = True
+        return None
+
+    def on_train_epoch_end(self) -> None:
+        if not self.automatic_optimization and self._unstepped:  # the epoch's last conversation
+            self._conversation_step()
 
     def _eval_step(self, split: str, batch) -> None:
         nll, mask = self._run(split, batch)

@@ -18,7 +18,8 @@ The mechanism, with the paper's equations:
   put the P new vectors on ]τ, 1] and refit. The M sample points are linearly spaced or, with sticky memories
   (§3.3, Eq. 16), drawn from a K-bin histogram of the attention mass the previous step put on each bin
   (integrals of the query Gaussians, via erf), so that attended regions keep more room in the next signal.
-- KL regulariser (§3.4, Eq. 18–19): KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1).
+- KL regulariser (§3.4, Eq. 18–19): KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1); with `mu_0` set, the
+  prior is N(μ₀, σ₀²) and ½(μ − μ₀)²/σ₀² is added (the official language-modelling code, mu_0 = −1).
 
 Details taken from the official code (deep-spin/infinite-former, `sorting/long_term_attention.py`,
 `basis_functions.py`, `continuous_softmax.py`; facts only):
@@ -27,7 +28,8 @@ Details taken from the official code (deep-spin/infinite-former, `sorting/long_t
   (a grid of spacing 1/n, n/2 points on each side for n fitted positions), so the fit does not bend at the edges;
   only the rows of G of the real positions are kept. For an even number n of evenly spaced positions
   ((i + ½)/n) our grid is the official one exactly.
-- Centres: N/|widths| points on linspace(0, 1) for each width. σ² is clamped at ≥ 1e-6 (sorting).
+- Centres: N/|widths| points on linspace(0, 1) for each width. σ² is clamped at ≥ 1e-6 (sorting; `min_var`),
+  ≥ 1e-4 in both official GPT-2 codes (`finetune_gpt2`, `document_grounded_generation`).
 - The update puts the M old samples at t = kτ/M (k = 1..M), read from the old signal at k/M, and the P new
   vectors at t = τ + (1 − τ)k/P (k = 1..P). The first fit (no old signal yet) spreads the P vectors evenly on
   [0, 1] at (i + ½)/P.
@@ -72,8 +74,17 @@ class LTMConfig:
     gate: bool = True  # the Conv1d smoothing gate (§3.4)
     sigma_0: float = 0.05  # σ₀ of the KL regulariser
     kl_weight: float = 1e-6  # λ_KL
-    min_var: float = 1e-6  # σ² clamp (official sorting code)
+    # μ₀ of the KL term's prior N(μ₀, σ₀²): None regularises σ² only (the paper; the official sorting and dialogue
+    # code). A number adds ½(μ − μ₀)²/σ₀², as the official language-modelling code (finetune_gpt2
+    # `LongTermAttention.forward`) does with its config's mu_0 = −1: its test `if self.mu_0 > 0` is inverted, so
+    # the μ term applies exactly for μ₀ ≤ 0 — here it applies whenever μ₀ is set
+    mu_0: float | None = None
+    min_var: float = 1e-6  # σ² clamp: 1e-6 in the official sorting code, 1e-4 in both official GPT-2 codes
     pad_regression: bool = True  # zero padding outside [0, 1] in the regression (official)
+    # N(0, init_std) for the key / value / μ / σ² / output linear maps; None: PyTorch's default. The official GPT-2
+    # codes build the LTM inside `GPT2PreTrainedModel`, whose `_init_weights` draws every nn.Linear from
+    # N(0, initializer_range = 0.02); the gate (a torch.nn.Conv1d, not GPT-2's Conv1D) keeps PyTorch's default
+    init_std: float | None = None
 
     def __post_init__(self):
         if self.n_basis <= 0 or not self.widths:
@@ -93,6 +104,8 @@ class LTMConfig:
             raise ValueError(f"ltm.sampling is 'linear' or 'sticky', got {self.sampling!r}")
         if self.sigma_0 <= 0 or self.kl_weight < 0 or self.min_var <= 0:
             raise ValueError("ltm.sigma_0 and ltm.min_var must be positive, ltm.kl_weight ≥ 0")
+        if self.init_std is not None and self.init_std <= 0:
+            raise ValueError(f"ltm.init_std must be positive or null, got {self.init_std}")
 
 
 # ------------------------------------------------------------------------------------------ basis functions
@@ -196,6 +209,13 @@ def kl_to_sigma0(var: torch.Tensor, sigma_0: float) -> torch.Tensor:
     return 0.5 * (ratio - torch.log(ratio) - 1)
 
 
+def kl_regulariser(mu: torch.Tensor, var: torch.Tensor, *, sigma_0: float, mu_0: float | None) -> torch.Tensor:
+    """The KL term, elementwise: KL(N(μ, σ²) ‖ N(μ, σ₀²)) for μ₀ = None, else KL(N(μ, σ²) ‖ N(μ₀, σ₀²)), which adds
+    ½(μ − μ₀)²/σ₀² (the official language-modelling code with its mu_0 = −1)."""
+    kl = kl_to_sigma0(var, sigma_0)
+    return kl if mu_0 is None else kl + 0.5 * (mu - mu_0) ** 2 / sigma_0**2
+
+
 # ------------------------------------------------------------------------------------------------ module
 
 
@@ -230,6 +250,9 @@ class ContinuousLTM(nn.Module):
         self.mu_net = nn.Linear(cfg.n_basis, 1, bias=False)  # affine for μ (Eq. 8), shared by the heads
         self.var_net = nn.Linear(cfg.n_basis, 1, bias=False)  # affine for σ² (Eq. 9)
         self.out = nn.Linear(he, d_model, bias=False)  # W^O (Eq. 11)
+        if cfg.init_std is not None:
+            for lin in (self.key, self.value, self.mu_net, self.var_net, self.out):
+                nn.init.normal_(lin.weight, mean=0.0, std=cfg.init_std)
         mu_N, sigma_N = rbf_centres(cfg.n_basis, cfg.widths)
         self.register_buffer("basis_mu", mu_N.float(), persistent=False)
         self.register_buffer("basis_sigma", sigma_N.float(), persistent=False)
@@ -319,7 +342,7 @@ class ContinuousLTM(nn.Module):
             return None, step
         out, mu, var = self.attend(q_BHTE, coef_BND)
         step.coef_BND, step.mu_BHT, step.var_BHT = coef_BND, mu, var
-        step.kl = kl_to_sigma0(var, self.cfg.sigma_0).mean()
+        step.kl = kl_regulariser(mu, var, sigma_0=self.cfg.sigma_0, mu_0=self.cfg.mu_0).mean()
         if self.cfg.sampling == "sticky":
             with torch.no_grad():
                 step.hist_BK = attention_histogram(mu.detach(), var.detach(), self.cfg.n_bins)
