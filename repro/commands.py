@@ -53,8 +53,14 @@ def _prepare(args) -> None:
         p = Path(item)
         paths += sorted(str(x) for x in p.glob("*.yaml") if ".eval." not in x.name) if p.is_dir() else [item]
     built = {}
+    rehearsal = getattr(args, "rehearsal", "false") == "true"
     for path in paths:
-        dm = build([path]).datamodule
+        if rehearsal:  # the data modules' rehearsal sizes (configs/rehearsal/), e.g. a few generated ListOps trees
+            from repro.rehearsal import data_overrides
+
+            dm = build([path, *data_overrides(path)]).datamodule
+        else:
+            dm = build([path]).datamodule
         name = getattr(dm, "corpus_name", None) or type(dm).__name__
         if name not in built:
             dm.prepare_data()
@@ -109,11 +115,16 @@ def main(argv: list[str]) -> None:
     b.add_argument("--segment", type=int, default=32, help="slowdown: segment length of the memory model")
     b.add_argument("--override", action="append", default=[], help="extra CLI override, e.g. --override=--model.init_args.model.dropout=0")
     b.add_argument("--output", help="also write the JSON lines to this file")
+    b.add_argument("--rehearsal", choices=["true", "false"], default="false",
+                   help="true: one timed step, no warm-up, batch size 2 unless --batch-size (the paper profile's "
+                        "rehearsal: the code path, not a measurement)")
     b.set_defaults(func=lambda a: importlib.import_module("repro.bench").main(a))
 
     p = sub.add_parser("prepare", help="build the corpora of configs (files or folders of configs)")
     p.add_argument("config", nargs="+")
     p.add_argument("--manifest", help="write what was built (sizes, checksums) to this JSON file")
+    p.add_argument("--rehearsal", choices=["true", "false"], default="false",
+                   help="true: build the data at the rehearsal's sizes (configs/rehearsal/)")
     p.set_defaults(func=_prepare)
 
     t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
@@ -155,6 +166,7 @@ def main(argv: list[str]) -> None:
     g.add_argument("--output", help="also write the continuation here")
     g.set_defaults(func=lambda a: importlib.import_module("repro.generate").main(a))
     importlib.import_module("repro.bench_attention").add_parser(sub)  # Transformer-MGK efficiency
+    importlib.import_module("repro.data.mirror").add_parser(sub)  # the rehearsal's local mirror of every source
 
     args = parser.parse_args(argv)
     args.func(args)

@@ -12,6 +12,9 @@ damaged after it was fetched, not one that was wrong upstream.
 When the network is unreachable the error says which URLs were tried, why each failed, and where to put the
 file by hand; a file placed there is used without any network access.
 
+A rehearsal mirror (`repro.data.mirror`, environment variable `REPRO_MIRROR`) changes only the base of every URL
+and the checksum verified: the mirror's published `SHA256SUMS` instead of the real one.
+
 Standard library only (urllib.request, hashlib, zipfile).
 """
 
@@ -131,6 +134,8 @@ def download(
     urls = [url] if isinstance(url, str) else list(url)
     if not urls:
         raise ValueError("download() needs at least one URL")
+    if base := os.environ.get(MIRROR_ENV):
+        urls, sha256 = _through_mirror(urls, base, timeout=timeout)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     expected, origin = _expected_sha256(dest, sha256=sha256, record=record_sha256)
@@ -155,6 +160,40 @@ def download(
         _finish(u, part, dest, expected=expected, origin=origin, size=size, record=record_sha256)
         return dest
     raise DownloadError(_offline_message(dest, errors, expected=expected, origin=origin, record=record_sha256))
+
+
+# A rehearsal mirror (`repro.data.mirror`): when set, every URL `scheme://host/path` is fetched from
+# `<mirror>/host/path` instead, and verified against the checksum the mirror publishes in `<mirror>/SHA256SUMS`
+# (its files are miniatures, not the real ones). Unset, nothing changes: the real URLs and the real checksums.
+MIRROR_ENV = "REPRO_MIRROR"
+_mirror_sums: dict[str, dict[str, str]] = {}
+
+
+def mirror_path(url: str) -> str:
+    """The path of a real URL in a mirror: `host/path`."""
+    import urllib.parse
+
+    p = urllib.parse.urlsplit(url)
+    return f"{p.netloc}/{p.path.lstrip('/')}"
+
+
+def _through_mirror(urls: list[str], base: str, *, timeout: float) -> tuple[list[str], str]:
+    base = base.rstrip("/") + "/"
+    if base not in _mirror_sums:
+        try:
+            with _open(base + "SHA256SUMS", start=0, timeout=timeout) as resp:
+                text = resp.read().decode("utf-8")
+        except _NETWORK_ERRORS as err:
+            raise DownloadError(f"{MIRROR_ENV}={base} is set but its SHA256SUMS cannot be read ({err}): start the "
+                                "mirror (`repro mirror serve DIR`) or unset the variable") from err
+        _mirror_sums[base] = {name: digest for digest, name in (line.split(None, 1) for line in text.splitlines()
+                                                                 if line.strip())}
+    sums = _mirror_sums[base]
+    for u in urls:
+        if (rel := mirror_path(u)) in sums:
+            # the mirror's copy of the first URL it holds; its published checksum replaces the real one
+            return [base + rel], sums[rel]
+    raise DownloadError(f"the mirror {base} holds none of {', '.join(urls)}: rebuild it (`repro mirror build DIR`)")
 
 
 def _expected_sha256(dest: Path, *, sha256: str | None, record: bool) -> tuple[str | None, str]:
