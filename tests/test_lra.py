@@ -267,9 +267,15 @@ def test_variants_parse_and_build():
             Variant.parse(bad)
     n = {v: sum(p.numel() for p in LRAClassifier(LRAConfig(n_token=10), Variant.parse(v)).parameters())
          for v in ("softmax8", "mgk4", "linear8", "mlk4")}
-    # attention weights per layer: softmax-8 4·64·256; MGK-4 (q, 2 keys, v, o) 5·64·128 + π logits 4·2
-    assert n["softmax8"] - n["mgk4"] == 2 * (4 * 64 * 256 - (5 * 64 * 128 + 8))
-    assert n["linear8"] - n["mlk4"] == 2 * (4 * 64 * 256 + 8 - (5 * 64 * 128 + 8))
+    # attention per layer, with the biases of lra/attention.py: softmax-8 q, k, v (64 → 256) and o (256 → 64);
+    # MGK-4 q, 2 keys, v (64 → 128) and o + π logits 4·2 (form ours); linear has no π
+    softmax8 = 4 * 64 * 256 + 3 * 256 + 64
+    mgk4 = 5 * 64 * 128 + 4 * 128 + 64 + 8
+    assert n["softmax8"] - n["mgk4"] == 2 * (softmax8 - mgk4)
+    assert n["linear8"] - n["mlk4"] == 2 * (softmax8 - mgk4)
+    official = sum(p.numel() for p in LRAClassifier(LRAConfig(n_token=10, form="official"),
+                                                     Variant.parse("mgk4")).parameters())
+    assert n["mgk4"] - official == 2 * (8 - 2)  # official: one clamped π pair per layer
 
 
 def test_saved_activation_bytes_counts_each_storage_once():

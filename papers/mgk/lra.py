@@ -13,14 +13,23 @@ with linear warm-up and linear decay (`torch.optim.lr_scheduler.OneCycleLR`, as 
 
 Attention variants, by one string `variant` (`VARIANTS`): `softmax<H>`, `mgk<H>`, `smgk<H>`, `linear<H>`, `mlk<H>`,
 `smlk<H>` with H heads, and `mgk<H>_softe` / `mgk<H>_harde` / `smgk<H>_softe` / `smgk<H>_harde` (π by the soft or
-hard E-step, Table "learning options"). MGK/MLK use R = 2 keys, σ² = √E and √E/3 fixed, as the reference.
+hard E-step, Table "learning options"). As `lra/attention.py` builds them: the q/k/v/output projections have
+biases, MGK/MLK use R = 2 keys with σ² = √E for both components (the language-model code's √E and √E/3 are
+not used in LRA), fixed.
+
+`LRAConfig.form` (`official` in the paper configs; parity with the authors' code in tests/parity/test_mgk_parity.py):
+- `official`: π as `lra/attention.py` keeps it: by gradient, two numbers shared by all heads and positions,
+  clamped to [0, 1] (init 0.5); by the soft E-step, one per (head, key position), averaged over the (valid query,
+  valid key) pairs; the linear family as `lra/attention_linear.py`: the raw keys mixed by π before φ = elu + 1, no
+  normaliser, output scaled by 1/√L (L the padded length), so a linear layer's output grows with the keys' sum.
+- `ours`: π a per-head softmax of learned logits (or a per-head soft-E-step average), and MLK as the paper
+  writes it, φ(q)ᵀ Σ_j Σ_r π_r φ(k_jr) v_j / φ(q)ᵀ Σ_j Σ_r π_r φ(k_jr) (linear attention of Katharopoulos et al.).
 
 Deviations from the reference (see README.md):
 - Mean pooling averages over the real tokens only; the reference zeroes pad positions and divides by the padded
-  length, so its logits change with the amount of padding. Ours do not (a test).
+  length, so its logits change with the amount of padding. Ours do not (a test; the parity test emulates theirs).
 - Padding is masked in every attention (keys) through a (B, 1, 1, K) mask; pixel value 0 is a real token here
   (the reference treats it as padding).
-- Soft E-step: π is updated from the responsibilities of all query rows, pad rows included (keys are masked).
 """
 
 from __future__ import annotations
@@ -35,9 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from papers.mgk.attention import MGKAttention, MLKAttention
+from papers.mgk.attention import MGKAttention, MLKAttention, SoftmaxAttention
 from repro.lm import coerce
-from repro.nn.attention import AbsoluteAttention
 
 _VARIANT = re.compile(r"^(softmax|mgk|smgk|linear|mlk|smlk)(\d+)(?:_(softe|harde))?$")
 
@@ -60,16 +68,22 @@ class Variant:
             raise ValueError(f"{name}: the E-step options exist for mgk and smgk only")
         return Variant(m[1], int(m[2]), {"softe": "soft_em", "harde": "hard_em", None: "gradient"}[m[3]])
 
-    def attention(self, *, d_model: int, d_head: int, dropatt: float) -> nn.Module:
-        common = dict(d_model=d_model, n_head=self.n_head, d_head=d_head)
+    def attention(self, *, d_model: int, d_head: int, dropatt: float, form: str = "ours",
+                  max_len: int = 4096) -> nn.Module:
+        common = dict(d_model=d_model, n_head=self.n_head, d_head=d_head, bias=True)  # lra/attention.py biases
         keys = "shifted" if self.family.startswith("s") and self.family != "softmax" else "separate"
+        official = form == "official"
+        # lra/attention.py: π by gradient is one pair for the layer; the soft E-step keeps it per (head, position)
+        layout = ("position" if self.pi == "soft_em" else "global") if official else "head"
+        mixture = dict(pi_layout=layout, max_klen=max_len, form="lra_official" if official else "ours")
         if self.family == "softmax":
-            return AbsoluteAttention(**common, dropatt=dropatt)
+            return SoftmaxAttention(**common, dropatt=dropatt)
         if self.family in ("mgk", "smgk"):
-            return MGKAttention(**common, dropatt=dropatt, n_components=2, keys=keys, pi=self.pi)
+            return MGKAttention(**common, **mixture, dropatt=dropatt, n_components=2, keys=keys, pi=self.pi,
+                                sigma2_ratios=(1.0, 1.0))  # σ² = √E for both keys (lra/attention.py self.var)
         if self.family == "linear":
-            return MLKAttention(**common, n_components=1, keys="separate", causal=False)
-        return MLKAttention(**common, n_components=2, keys=keys, causal=False)
+            return MLKAttention(**common, **mixture, n_components=1, keys="separate", causal=False)
+        return MLKAttention(**common, **mixture, n_components=2, keys=keys, causal=False)
 
 
 @dataclass(frozen=True)
@@ -86,8 +100,11 @@ class LRAConfig:
     n_layer: int = 2
     dropout: float = 0.1
     dropatt: float = 0.1
+    form: str = "ours"  # official: π layout, soft E-step and linear attention of lra/attention*.py (docstring)
 
     def __post_init__(self):
+        if self.form not in ("ours", "official"):
+            raise ValueError(f"model.form is ours or official, got {self.form!r}")
         if self.num_classes < 2 or self.max_len < 1 or self.n_layer < 1:
             raise ValueError("num_classes must be ≥ 2, max_len and n_layer ≥ 1")
 
@@ -96,7 +113,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: LRAConfig, variant: Variant):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.attn = variant.attention(d_model=cfg.d_model, d_head=cfg.d_head, dropatt=cfg.dropatt)
+        self.attn = variant.attention(d_model=cfg.d_model, d_head=cfg.d_head, dropatt=cfg.dropatt, form=cfg.form,
+                                      max_len=cfg.max_len)
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(), nn.Dropout(cfg.dropout),
