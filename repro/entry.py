@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> None:
 
             run_group(args[1:])
             return
+        if args and args[0] == "rehearse":
+            from repro.rehearsal import rehearse
+
+            rehearse(args[1:])
+            return
         from repro.commands import main as commands_main
         from repro.data.download import ArchiveError, ChecksumError, DownloadError
 

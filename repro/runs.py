@@ -33,9 +33,13 @@ def group_dirs(paper: str, profile: str, group: str) -> tuple[Path, Path, Path]:
 
 
 def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests: str = "eval",
-               configs_root: str = "configs") -> list[tuple[list[str], tuple[str, str, str] | None]]:
+               configs_root: str = "configs", rehearsal: bool = False
+               ) -> list[tuple[list[str], tuple[str, str, str] | None]]:
     """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
-    spec carries the after-run arguments (config, checkpoint, experiment)."""
+    spec carries the after-run arguments (config, checkpoint, experiment). `rehearsal` composes the rehearsal
+    configs (`repro.rehearsal.config_overrides`: 2 steps, a few evaluation batches) after each step's own."""
+    from repro.rehearsal import config_overrides
+
     base = Path(configs_root) / paper / profile
     ckpt_dir, rec_dir, curve_dir = group_dirs(paper, profile, group)
     kinds = [t.split(":", 1) if ":" in t else [t, ""] for t in tests.split(",") if t]
@@ -49,8 +53,9 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
             raise ValueError(f"run spec {spec!r}: no config {cfg}")
         extra = (["--model.init_args.variant", variant] if variant else []) + \
             (["--seed_everything", str(seed)] if seed is not None else [])
+        caps = config_overrides(cfg) if rehearsal else []
         ckpt = ckpt_dir / f"{exp}.ckpt"
-        out.append((["fit", "-c", str(cfg), *extra, "--run.experiment", exp, "--run.checkpoint", str(ckpt),
+        out.append((["fit", "-c", str(cfg), *caps, *extra, "--run.experiment", exp, "--run.checkpoint", str(ckpt),
                      "--run.record", str(rec_dir / f"{exp}.fit.json"), "--run.curves", str(curve_dir / f"{exp}.csv")],
                     None))
         for kind, suffix in kinds:
@@ -58,7 +63,7 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
             cfgs = ["-c", str(cfg)]
             if kind == "eval" and (base / f"{config}.eval.yaml").exists():
                 cfgs += ["-c", str(base / f"{config}.eval.yaml")]
-            out.append((["test", *cfgs, *extra, "--run.experiment", name, "--ckpt_path", str(ckpt),
+            out.append((["test", *cfgs, *caps, *extra, "--run.experiment", name, "--ckpt_path", str(ckpt),
                          "--run.record", str(rec_dir / f"{name}.test.json")], None))
         out[-1] = (out[-1][0], (str(cfg), str(ckpt), exp))
     return out
@@ -80,6 +85,8 @@ def run_group(argv: list[str]) -> None:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--group", required=True)
     ap.add_argument("--tests", default="eval")
+    ap.add_argument("--rehearsal", choices=["true", "false"], default="false",
+                    help="true: the paper profile's rehearsal (configs/rehearsal/ composed after each config)")
     ap.add_argument("--after", help="module with after_run(config, checkpoint, experiment, record_dir)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="worker processes that share the experiments (each with --threads threads): small models "
@@ -93,7 +100,8 @@ def run_group(argv: list[str]) -> None:
         return
     if not args.specs:
         ap.error("give at least one SPEC")
-    runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests)  # checks every spec, fails fast
+    runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests,
+               rehearsal=args.rehearsal == "true")  # checks every spec, fails fast
     if args.jobs < 1:
         raise ValueError(f"--jobs must be ≥ 1, got {args.jobs}")
     jobs = min(args.jobs, len(args.specs))
@@ -116,7 +124,8 @@ def _run_specs(args, specs: list[str]) -> None:
         torch.set_num_threads(args.threads)
     after = importlib.import_module(args.after).after_run if args.after else None
     rec_dir = str(group_dirs(args.paper, args.profile, args.group)[1])
-    for step, post in runs_steps(args.paper, args.profile, args.group, specs, tests=args.tests):
+    for step, post in runs_steps(args.paper, args.profile, args.group, specs, tests=args.tests,
+                                 rehearsal=args.rehearsal == "true"):
         run_steps([shlex.join(step)])
         if post is not None and after is not None:
             after(*post, rec_dir)
@@ -163,6 +172,7 @@ def _run_workers(args, jobs: int) -> None:
     threads = args.threads or max(1, (os.cpu_count() or 1) // jobs)
     _prepare_tracking(args.paper)
     fixed = ["--paper", args.paper, "--profile", args.profile, "--group", args.group, "--tests", args.tests,
+             "--rehearsal", args.rehearsal,
              *(["--after", args.after] if args.after else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     tmp = tempfile.TemporaryDirectory(prefix="repro-runs-")

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path("results")
+# Provenance of a run of `repro rehearse` (records with `rehearsal: true`) starts with this; its cells read
+# "rehearsal <value>" in every table.
+REHEARSAL = "REHEARSAL of the paper profile (a few steps: not a result); "
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Table:
             texts = []
             for c in row:
                 t = c.text()
+                if c.source == "ours" and c.provenance.startswith(REHEARSAL) and c.value is not None:
+                    t = f"rehearsal {t}"  # a rehearsal run is plumbing, never a result (`repro rehearse`)
                 if c.source == "ours" and c.provenance and c.value is not None:
                     n = footnotes.setdefault(c.provenance, len(footnotes) + 1)
                     t = f"{t} [{n}]"
@@ -110,7 +115,7 @@ def provenance(rec: dict[str, Any]) -> str:
         corpus += f" (Python {meta['python']} docs, sha256 {meta.get('sha256', '')[:12]})"
     run = p.get("mlflow_run")
     mlflow = f"MLflow run {run[:12]} (experiment {p.get('mlflow_experiment')})" if run else "no MLflow run"
-    return (f"this repository, profile `{rec.get('profile')}`, `{rec.get('experiment')}` {rec.get('stage')}; "
+    return ((REHEARSAL if rec.get("rehearsal") else "") + f"this repository, profile `{rec.get('profile')}`, `{rec.get('experiment')}` {rec.get('stage')}; "
             f"data {corpus}; {p.get('steps', 0):,} steps, {p.get('tokens_seen', 0):,} tokens seen; "
             f"{p.get('parameters', 0):,} parameters; {p.get('hardware')}, precision {p.get('precision')}; {mlflow}")
 

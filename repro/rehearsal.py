@@ -1,0 +1,166 @@
+"""The rehearsal of the paper profile: every paper stage run offline, at the papers' model sizes, for a few steps.
+
+`repro rehearse` (issue 13) proves that `dvc repro` of the paper profile works before anyone spends GPU-days on it:
+the real download code fetches every source from a local mirror of miniature files in the real formats
+(`repro.data.mirror`, served on 127.0.0.1), the real data, training, evaluation, benchmark and table code runs
+every paper config at its paper size and with its protocol, and what shrinks is only how much is trained and
+measured: `configs/rehearsal/` caps each experiment at 2 optimiser steps and a few evaluation batches (and shrinks
+batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA seed lists.
+
+It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
+and `mlflow.db` of the real profiles are never touched. Its records carry `rehearsal: true` and its tables label
+those cells "rehearsal", never as results.
+
+    repro rehearse                      # every stage of the four papers
+    repro rehearse --subset ci          # one full-size experiment per paper, download → table (CI)
+    repro rehearse --stages 'txl_*'     # some stages (DVC globs), with their upstream stages
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REHEARSAL_CONFIGS = Path("configs") / "rehearsal"
+
+# One experiment per paper at its full size, from download to table (`--subset ci`): the stages in order. The
+# tables stages run with `-s` (single item): their inputs are the runs above, not every group of the paper.
+CI_SUBSET = [
+    "txl_data", "txl_run@ptb", "txl_tables",
+    "mgk_data", "mgk_lra@listops", "mgk_tables",
+    "lamemo_data", "lamemo_run@text8_lamemo", "lamemo_tables",
+    "infinity_former_sort@sort_4000", "infinity_former_gpt2@wt103", "infinity_former_tables",
+]
+
+
+def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
+    """`-c` arguments that turn a paper experiment into its rehearsal: the trainer caps, then the file named after
+    the config's data module (`configs/rehearsal/<DataModule>.yaml`), when there is one."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    data_cls = str(((cfg.get("data") or {}).get("class_path") or "")).rsplit(".", 1)[-1]
+    out = ["-c", str(root / REHEARSAL_CONFIGS / "trainer.yaml")]
+    per_data = root / REHEARSAL_CONFIGS / f"{data_cls}.yaml"
+    if data_cls and per_data.exists():
+        out += ["-c", str(per_data)]
+    return out
+
+
+def data_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
+    """Config paths (no `-c`) of the data module's rehearsal file, for commands that build data alone."""
+    args = config_overrides(config, root=root)
+    return [a for a in args[1::2] if not a.endswith("trainer.yaml")]
+
+
+def merged_params(root: Path) -> dict:
+    """params.paper.yaml with params.rehearsal.yaml's keys replacing its own (nested dictionaries merged)."""
+    import yaml
+
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    paper = yaml.safe_load((root / "params.paper.yaml").read_text())
+    return merge(paper, yaml.safe_load((root / "params.rehearsal.yaml").read_text()))
+
+
+def _repo_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
+                         capture_output=True).stdout.decode()
+    return [f for f in out.split("\0") if f]
+
+
+def make_workspace(root: Path, ws: Path) -> None:
+    """A scratch copy of the repository (tracked and untracked-but-not-ignored files, as they are now), with the
+    paper profile's parameters merged with the rehearsal's, its own git and DVC state. Paper-profile records that
+    the copy brings along are removed so that every cell comes from this rehearsal."""
+    import yaml
+
+    if ws.exists():
+        shutil.rmtree(ws)
+    ws.mkdir(parents=True)
+    for rel in _repo_files(root):
+        src = root / rel
+        if not src.is_file() or rel.startswith(".rehearsal/"):
+            continue
+        dst = ws / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    for stale in ws.glob("results/*/runs/paper"):
+        shutil.rmtree(stale)
+    (ws / "params.yaml").write_text(
+        "# written by `repro rehearse`: params.paper.yaml merged with params.rehearsal.yaml\n"
+        + yaml.safe_dump(merged_params(root), sort_keys=False, width=120))
+    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+
+
+def _stages(ws: Path, env: dict) -> list[str]:
+    """Every stage of the workspace's pipeline, in DVC's order."""
+    out = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=ws, env=env, check=True, capture_output=True,
+                         text=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def rehearse(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="repro rehearse", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default=".rehearsal", help="scratch folder: the repository copy, the mirror, data")
+    ap.add_argument("--subset", choices=["all", "ci"], default="all",
+                    help="all: every stage; ci: one full-size experiment per paper, download to table")
+    ap.add_argument("--stages", nargs="*", help="only these stages (shell globs over `dvc stage list` names)")
+    ap.add_argument("--jobs", type=int, help="worker processes per group (default: params.rehearsal.yaml)")
+    args = ap.parse_args(argv)
+
+    from repro.data import mirror
+
+    root = Path.cwd()
+    if not (root / "params.paper.yaml").exists() or not (root / "dvc.yaml").exists():
+        raise ValueError(f"{root} is not the repository root (no params.paper.yaml / dvc.yaml): run `repro "
+                         "rehearse` from the folder that holds dvc.yaml")
+    work = (root / args.workdir).resolve()
+    ws = work / "repo"
+    t0 = time.time()
+    print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
+    mirror.build(work / "mirror")
+    make_workspace(root, ws)
+    if args.jobs:
+        import yaml
+
+        params = yaml.safe_load((ws / "params.yaml").read_text())
+        params["jobs"] = args.jobs
+        (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, width=120))
+    with mirror.serve(work / "mirror") as server:
+        env = {**os.environ, **mirror.environment(server, work / "mirror"),
+               "REPRO_DATA": str(work / "data"), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
+        env.pop("REPRO_TEST_DATA", None)
+        if args.subset == "ci" and not args.stages:
+            plan = [(s, True) for s in CI_SUBSET]
+        else:
+            names = _stages(ws, env)
+            chosen = [n for n in names if not args.stages or any(fnmatch.fnmatch(n, g) for g in args.stages)]
+            plan = [(n, False) for n in chosen]
+        for name, single in plan:
+            print(f"rehearse: {name}", flush=True)
+            t = time.time()
+            cmd = ["dvc", "repro", *(["-s"] if single else []), name]
+            done = subprocess.run(cmd, cwd=ws, env=env)
+            if done.returncode:
+                raise SystemExit(f"rehearse: stage {name} failed (exit {done.returncode}) after {time.time() - t:.0f} s;"
+                                 f" its output is above; the workspace is {ws}")
+            print(f"rehearse: {name} done in {time.time() - t:.0f} s", flush=True)
+    tables = sorted(str(p.relative_to(ws)) for p in ws.glob("results/*/*.md"))
+    print(f"rehearse: {len(plan)} stages in {(time.time() - t0) / 60:.1f} min; tables with the rehearsal's paper "
+          f"column: {ws}/results/<paper>/*.md ({len(tables)} files)", flush=True)
+
+
+if __name__ == "__main__":
+    rehearse(sys.argv[1:])

@@ -1,0 +1,90 @@
+"""The paper profile's rehearsal (`repro rehearse`, repro/rehearsal.py): its overrides cap training and shrink data,
+but leave every paper model at its paper size and every protocol as configured; its records are labelled."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from repro.rehearsal import REHEARSAL_CONFIGS, config_overrides, merged_params
+from repro.runs import runs_steps
+from repro.tables import Cell, Table, provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*/paper/*.yaml")
+                       if ".eval." not in p.name)
+PROTOCOL_KEYS = ("tgt_len", "eval_tgt_len", "block_size", "max_len", "length")
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@pytest.mark.parametrize("config", PAPER_CONFIGS)
+def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
+    from repro.cli import build
+
+    monkeypatch.chdir(ROOT)
+    extra = config_overrides(config)[1::2]
+    plain, rehearsed = build([config], meta=True), build([config, *extra], meta=True)
+    n = lambda cli: sum(p.numel() for p in cli.model.parameters())  # noqa: E731
+    assert n(rehearsed) == n(plain) > 0
+    # the model's settings and every protocol length are untouched; only trainer caps and data sizes change
+    assert _flat(rehearsed.config["model"]) == _flat(plain.config["model"])
+    for key in PROTOCOL_KEYS:
+        assert rehearsed.config["data"]["init_args"].get(key) == plain.config["data"]["init_args"].get(key)
+    assert rehearsed.config["trainer"]["max_steps"] == 2 and rehearsed.config["run"]["rehearsal"] is True
+
+
+def test_every_rehearsal_override_names_a_data_module_of_the_paper_configs():
+    used = {yaml.safe_load(Path(ROOT, c).read_text())["data"]["class_path"].rsplit(".", 1)[-1] for c in PAPER_CONFIGS}
+    files = {p.stem for p in (ROOT / REHEARSAL_CONFIGS).glob("*.yaml")} - {"trainer"}
+    assert files <= used, f"override files for no config's data module: {files - used}"
+
+
+def test_runs_compose_the_rehearsal_after_each_config(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    steps = runs_steps("transformer_xl", "paper", "lm", ["wt103_base"], rehearsal=True)
+    fit, test = steps[0][0], steps[1][0]
+    assert fit[:6] == ["fit", "-c", "configs/transformer_xl/paper/wt103_base.yaml",
+                       "-c", "configs/rehearsal/trainer.yaml", "-c"] and fit[6].endswith("LMDataModule.yaml")
+    # the test step: the config, its evaluation protocol, then the caps (which change no protocol length)
+    assert test[2:8:2] == ["configs/transformer_xl/paper/wt103_base.yaml",
+                           "configs/transformer_xl/paper/wt103_base.eval.yaml", "configs/rehearsal/trainer.yaml"]
+    assert "configs/rehearsal/trainer.yaml" not in runs_steps("transformer_xl", "paper", "lm", ["wt103_base"])[0][0]
+
+
+def test_rehearsal_params_name_existing_paper_configs():
+    params = merged_params(ROOT)
+    assert params["profile"] == "paper" and params["rehearsal"] is True
+    specs = []
+
+    def collect(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, str) and not v.replace(",", "").isdigit():
+            specs.extend(v.split())
+
+    for paper in ("transformer_xl", "mgk", "lamemo", "infinity_former"):
+        collect(params[paper].get("runs", {}) | {k: v for k, v in params[paper].items()
+                                                  if k in ("lra", "sorting", "gpt2", "gpt2_dog")})
+        for spec in [s for s in specs if s]:
+            name = spec.split("+")[0].split("@")[0]
+            assert (ROOT / "configs" / paper / "paper" / f"{name}.yaml").exists(), (paper, spec)
+        specs.clear()
+
+
+def test_rehearsal_cells_are_labelled():
+    rec = {"profile": "paper", "experiment": "wt103_base", "stage": "test", "rehearsal": True,
+           "provenance": {"steps": 2, "hardware": "cpu", "precision": "32-true"}}
+    md = Table("t", "t", ["a"], [[Cell(31.5, "ours", provenance(rec))]]).markdown()
+    assert "| rehearsal 31.50 [1] |" in md and "REHEARSAL of the paper profile" in md
+    rec["rehearsal"] = False
+    assert "rehearsal" not in Table("t", "t", ["a"], [[Cell(31.5, "ours", provenance(rec))]]).markdown()
