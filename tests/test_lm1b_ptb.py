@@ -137,3 +137,33 @@ def test_lm1b_base_parameters_tied_as_the_script_untied_as_the_paper(root, monke
                  .model.parameters())
     assert tied == 357_812_082
     assert abs(untied / 0.46e9 - 1) < 0.02
+
+
+def _official_vocab_count(path: Path) -> list[str]:
+    """The reference's rule (`utils/vocabulary.py` `_build_from_file`), written out as the test's reference:
+    iterate the file, first field of `line.strip().split()`, add it if new."""
+    symbols: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            symb = line.strip().split()[0]
+            if symb not in symbols:
+                symbols.append(symb)
+    return symbols
+
+
+def test_lm1b_vocabulary_counts_symbols_as_the_reference(tmp_path):
+    """A miniature `1b_word_vocab.txt` in the real format (`word count` per line, `<S>`, `</S>`, `<UNK>` first,
+    nothing else added by the reference for lm1b): a word made of a no-break space, which Python's `split()`
+    removes, leaves its count as the first field, already a word ("3"), so the reference's vocabulary has one
+    symbol fewer than the file has lines; a word holding U+2028 is one line for the reference (cut at it by
+    `split()`), two for `str.splitlines`. The count follows the reference either way."""
+    path = tmp_path / "1b_word_vocab.txt"
+    path.write_text("<S> 0\n</S> 30301028\n<UNK> 0\nthe 41\n, 39\n3 9\n\u00a0 3\nzyx\u2028y 2\n", encoding="utf-8")
+    v = corpora.lm1b_vocab(path)
+    assert list(v.symbols) == _official_vocab_count(path) == ["<S>", "</S>", "<UNK>", "the", ",", "3", "zyx"]
+    assert len(v) == 7 and len(corpora._file_lines(path)) == 8
+    # sentences: one per file line, words as the reference splits them, a blank line an empty sentence
+    shard = tmp_path / "shard"
+    shard.write_text("the 3\u2028zyx ,\n\nthe\n", encoding="utf-8")
+    ids = corpora.encode_sentences(corpora._file_lines(shard), v)
+    assert v.decode(ids.tolist()) == ["<S>", "the", "3", "zyx", ",", "<S>", "<S>", "the", "<S>"]

@@ -136,10 +136,26 @@ LM1B_BOUNDARY, LM1B_UNK = "<S>", "<UNK>"
 LM1B_SHUFFLE_SEED = 1111
 
 
+def _file_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a text file as the reference iterates them (`for line in open(path)`): split at \\n, \\r and
+    \\r\\n only. `str.splitlines` would also split at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029, which
+    occur inside One Billion Word sentences and tokens."""
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
 def lm1b_vocab(path: str | os.PathLike) -> Vocab:
-    """The benchmark's vocabulary file, in file order: the first field of every non-empty line (`<S>`, `</S>`,
-    `<UNK>`, then words by decreasing count), as the reference reads `1b_word_vocab.txt`."""
-    symbols = [line.split()[0] for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The benchmark's vocabulary file (`word count` per line: `<S>`, `</S>`, `<UNK>`, then words by decreasing
+    count), read as the reference's `Vocab._build_from_file` (`utils/vocabulary.py`) reads `1b_word_vocab.txt`:
+    the first field of `line.strip().split()` of every line, in file order, a symbol already seen skipped, nothing
+    added (`special=[]` for lm1b). Python's `split()` cuts at Unicode whitespace too, so a line whose word holds
+    one (e.g. a no-break space) can give an earlier word again: the vocabulary then has fewer symbols than the
+    file has lines, exactly as the reference's."""
+    symbols: dict[str, None] = {}
+    for line in _file_lines(path):
+        fields = line.strip().split()
+        if fields:  # the reference fails on a blank line; none is in the real file
+            symbols.setdefault(fields[0], None)
     vocab = Vocab(tuple(symbols))
     for s in (LM1B_BOUNDARY, LM1B_UNK):
         if s not in vocab.index:
@@ -152,7 +168,8 @@ def encode_sentences(sentences: list[str], vocab: Vocab) -> np.ndarray:
 
     The reference wraps every sentence as `<S> … <S>` and never feeds a sentence's last `<S>` as input, so the next
     sentence's input starts with its own `<S>`: the inputs and targets it scores are exactly those of this stream.
-    Words outside the vocabulary become `<UNK>`."""
+    Words outside the vocabulary become `<UNK>`; words are split as the reference's `line.strip().split()`, and a
+    blank line is an empty sentence (`<S> <S>` there, one more `<S>` here), as the reference encodes every line."""
     from array import array
 
     index = vocab.index
@@ -171,12 +188,12 @@ def lm1b_splits(train_shards: list[Path], valid: Path, test: Path, vocab: Vocab,
     rng = np.random.default_rng(seed)
     parts = []
     for i in rng.permutation(len(train_shards)):
-        lines = [x for x in Path(train_shards[i]).read_text(encoding="utf-8").splitlines() if x.strip()]
+        lines = _file_lines(train_shards[i])
         parts.append(encode_sentences([lines[j] for j in rng.permutation(len(lines))], vocab))
     train = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
     def held_out(path: Path) -> np.ndarray:
-        return encode_sentences([x for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()], vocab)
+        return encode_sentences(_file_lines(path), vocab)
 
     return {"train": train, "valid": held_out(valid), "test": held_out(test)}
 
@@ -189,7 +206,9 @@ def _lm1b(raw: Path) -> Built:
     return Built(vocab, lm1b_splits(files["train"], files["valid"], files["test"], vocab),
                  {"source": "1-billion-word-language-modeling-benchmark-r13output.tar.gz + 1b_word_vocab.txt",
                   "valid": sources.LM1B_VALID_SHARD, "test": sources.LM1B_TEST_SHARD,
-                  "train_shards": len(files["train"]), "shuffle_seed": LM1B_SHUFFLE_SEED})
+                  "train_shards": len(files["train"]), "shuffle_seed": LM1B_SHUFFLE_SEED,
+                  # symbols = distinct first fields; it can be fewer than the lines (see `lm1b_vocab`)
+                  "vocab_file_lines": len(_file_lines(files["vocab"]))})
 
 
 def ptb_lines(files: dict[str, Path]) -> dict[str, list[str]]:
@@ -237,7 +256,9 @@ REGISTRY: dict[str, CorpusSpec] = {
                    "enwik8 as the Transformer-XL pipeline reads it: newline bytes removed from every split"),
         # a-z and space
         CorpusSpec("text8", "char", None, 27, _text8, "text8"),
-        # the benchmark vocabulary: 793,471 symbols (Jozefowicz et al. 2016; the built file is authoritative)
+        # the benchmark vocabulary: 793,471 (Chelba et al. 2013, Jozefowicz et al. 2016). The built count is the
+        # reference's (distinct first fields of 1b_word_vocab.txt, see `lm1b_vocab`), authoritative, and recorded
+        # in meta.json with the file's line count; this number serves `repro describe` before the data exist.
         CorpusSpec("lm1b", "word", None, 793_471, _lm1b,
                    "One Billion Word: shuffled sentences, <S> boundaries, the standard vocabulary"),
         # Mikolov's PTB: 9,999 words (with <unk>) and <eos>
