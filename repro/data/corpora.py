@@ -139,7 +139,7 @@ LM1B_SHUFFLE_SEED = 1111
 def _file_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a text file as the reference iterates them (`for line in open(path)`): split at \\n, \\r and
     \\r\\n only. `str.splitlines` would also split at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029, which
-    occur inside One Billion Word sentences and tokens."""
+    can occur inside a news sentence or word."""
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
