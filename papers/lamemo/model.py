@@ -35,8 +35,9 @@ Where this differs from the reference (and why):
   much.
 - Position scores of the look-ahead are gathered by their distance (key index − row index) instead of the
   reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
-  same; for `full` the reference's index arithmetic assumes tgt_len = mem_len, ours holds for any lengths (and
-  equals it when they are equal).
+  same; for `full` the reference's index arithmetic needs a memory at least as long as the segment (mem_len ≥
+  tgt_len; with a shorter one its forward raises a shape error), ours holds for any lengths and equals the
+  reference whenever mem_len ≥ tgt_len (tests/parity/test_lamemo_parity.py: `attn33`, `attn33_longmem`).
 - Memory states are batch-first tensors, one list: [embedding memory (B, M, D)] + per layer [attention vectors
   (B, M, H, E), log-normalisers (B, M, H) float32], so checkpoints and DDP re-sharding carry them unchanged.
 - Biases (u, v, v₊, u₊) are initialised N(0, 0.02) as the backbone's Transformer-XL; the reference uses Xavier

@@ -1,9 +1,11 @@
 """LaMemo's tables: WikiText-103, enwik8 and text8 (paper column + ours), the tiny-profile comparison with
 Transformer-XL over seeds, attention utilisation (table and plot) and cost (`repro bench`).
 
-Paper numbers: the LaMemo paper's tables could not be read when this was written (../shared/TABLES-lamemo-mgk.md);
-enter them in `PAPER` below (test perplexity / bpc, parameters) and the tables show them. Until then the paper
-column says "not transcribed". Nothing here is ever filled with a number of ours.
+Paper numbers: the LaMemo paper's tables could not be read when this was written (../shared/TABLES-lamemo-mgk.md).
+A second search (issue 12) found only the openings of stored copies (ar5iv 2204.07341, paper-listing and review
+pages: title, authors, abstract), never the tables; ../shared/seeds holds only a Chinese summary of the method.
+Enter them in `PAPER` below (test perplexity / bpc, parameters, with the table each comes from) and the tables show
+them. Until then the paper column says "not transcribed". Nothing here is ever filled with a number of ours.
 
 Run records (written by the DVC stages, see papers/lamemo/README.md):
 - `runs/<profile>/<exp>.seed<N>.test.json`: test under LaMemo's protocol (training lengths, no same_length);
@@ -25,7 +27,7 @@ SEEDS = (1, 2, 3)
 PROFILES = ("tiny", "paper")
 NOT_TRANSCRIBED = "not transcribed"
 
-# The paper's numbers, keyed by our experiment names: {"wt103_lamemo": {"test": 23.77, "params": 151e6}, …}.
+# The paper's numbers, keyed by our experiment names: {"wt103_lamemo": {"test": <test ppl>, "params": <count>}, …}.
 # Empty: the paper could not be read here. Type them in from the PDF (Tables 1-2 of arXiv 2204.07341).
 PAPER: dict[str, dict[str, float]] = {}
 PAPER_PARAMS = {exp: v["params"] for exp, v in PAPER.items() if "params" in v}  # read by `repro describe`
