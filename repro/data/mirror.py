@@ -102,9 +102,9 @@ class _Words:
         return self.rng.choices(self.words, cum_weights=self.cum, k=n)
 
 
-def _wikitext(words: _Words, n_articles: int, paragraphs: int) -> tuple[str, str]:
-    """(tokens, raw) of WikiText-style articles: ` = Title = `, ` = = Section = = `, blank lines ` `, paragraphs of
-    tokenized sentences (` @-@ `, ` @,@ `, ` , `, ` . `); in the tokens file words seen once are `<unk>`."""
+def _wikitext(words: _Words, n_articles: int, paragraphs: int) -> list[str]:
+    """The raw lines of WikiText-style articles: ` = Title = `, ` = = Section = = `, blank lines ` `, paragraphs of
+    tokenized sentences (` @-@ `, ` @,@ `, ` , `, ` . `)."""
     lines: list[str] = [" \n"]
     for a in range(n_articles):
         title = " ".join(words.sentence(1, 3)).title()
@@ -124,13 +124,14 @@ def _wikitext(words: _Words, n_articles: int, paragraphs: int) -> tuple[str, str
                 s[0] = s[0].capitalize()
                 sents.append(" ".join(s) + " .")
             lines += [" " + " ".join(sents) + " \n", " \n"]
-    raw = "".join(lines)
-    counts: dict[str, int] = {}
-    for w in raw.split():
-        counts[w] = counts.get(w, 0) + 1
-    tokens = "".join(" ".join(w if not w or counts[w] > 1 else "<unk>" for w in line[:-1].split(" ")) + "\n"
-                     for line in lines)
-    return tokens, raw
+    return lines
+
+
+def _unk(lines: list[str], counts: dict[str, int]) -> str:
+    """The tokens file: words seen fewer than twice in the training split are `<unk>` (as in WikiText-103, whose
+    validation and test words are all in the training vocabulary)."""
+    return "".join(" ".join(w if not w or counts.get(w, 0) > 1 else "<unk>" for w in line[:-1].split(" ")) + "\n"
+                   for line in lines)
 
 
 def _tile(chunk: bytes, size: int) -> bytes:
@@ -206,9 +207,12 @@ def _build_wikitext(root: Path, words: _Words, sizes: dict[str, int], info: dict
     from repro.data.sources import WIKITEXT103_URLS
     from repro.text.streams import WT103_RAW_URLS
 
-    tok, raw = {}, {}
-    for split, n in sizes.items():
-        tok[split], raw[split] = _wikitext(words, n, 9)
+    lines = {split: _wikitext(words, n, 9) for split, n in sizes.items()}
+    counts: dict[str, int] = {}
+    for w in "".join(lines["train"]).split():
+        counts[w] = counts.get(w, 0) + 1
+    raw = {s: "".join(v) for s, v in lines.items()}
+    tok = {s: _unk(v, counts) for s, v in lines.items()}
     _zip(_files(root, WIKITEXT103_URLS[0]), {"wikitext-103/": b"", **{
         f"wikitext-103/wiki.{s}.tokens": tok[s].encode() for s in sizes}})
     _zip(_files(root, WT103_RAW_URLS[0]), {"wikitext-103-raw/": b"", **{
@@ -317,7 +321,7 @@ def _build_cmu_dog(root: Path, words: _Words, info: dict) -> None:
                     "whoSawDoc": ["user1", "user2"], "wikiDocumentIdx": k % n_docs}
             name = hashlib.sha1(f"{split}{k}".encode()).hexdigest()
             members[f"{top}/Conversations/{split}/{name}.json"] = json.dumps(conv).encode()
-            utts += 23  # 24 messages, two of them merged
+            utts += 1 + sum(a["uid"] != b["uid"] for a, b in zip(history, history[1:]))  # a user's run is one
             k += 1
         info["cmu_dog"][split] = {"conversations": n, "utterances": utts}
     _zip(_files(root, CMU_DOG_URL), members)
@@ -507,7 +511,8 @@ def _build_pg19(root: Path, words: _Words, info: dict) -> None:
     card = ["---", "dataset_info:", "  features:"]
     card += [f"  - name: {c}\n    dtype: {t}" for c, t in (("short_book_title", "string"), ("publication_date", "int32"),
                                                            ("url", "string"), ("text", "string"))]
-    card += ["  splits:"] + [f"  - name: {s}\n    num_examples: {c}" for s, c in books.items()]
+    sizes = {s: len(files[f"data/{s}-00000-of-00001.parquet"]) for s in books}
+    card += ["  splits:"] + [f"  - name: {s}\n    num_bytes: {sizes[s]}\n    num_examples: {c}" for s, c in books.items()]
     card += ["configs:", "- config_name: default", "  data_files:"]
     card += [f"  - split: {s}\n    path: data/{s}-*" for s in books]
     card += ["---", "", "# PG-19 (miniature mirror copy of emozilla/pg19)", ""]
