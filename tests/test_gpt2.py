@@ -497,3 +497,82 @@ def test_compressive_dialogue_config_fits_and_tests_through_the_cli(dog, root, t
     metrics = json.loads((tmp_path / "test.json").read_text())["metrics"]
     assert math.isfinite(metrics["test/ppl"]) and metrics["test/responses"] == 2
     assert len(out.read_text().splitlines()) == 2
+
+
+# ------------------------------------------------------------------------------- official GPT-2 details
+def test_memory_stores_ln1_of_the_block_input_as_the_dialogue_code(monkeypatch):
+    """`stores: ln_1` (official document_grounded_generation `Block.mem = self.ln_1(hidden_states.detach())`): the
+    LTM absorbs ln_1 of the detached block input, and ln_1's parameters learn through the memory; `block_input`
+    (official finetune_gpt2) absorbs the block input itself."""
+    from papers.infinity_former.gpt2 import LTMLayerMemory
+
+    seen = []
+    update = LTMLayerMemory.update
+    monkeypatch.setattr(LTMLayerMemory, "update", lambda self, st, x: (seen.append(x), update(self, st, x))[1])
+    x = torch.randint(0, V, (1, 16))
+    for stores in ("block_input", "ln_1"):
+        torch.manual_seed(0)
+        m = GPT2WithMemory(SMALL, MemoryHook(kind="ltm", args={"ltm": {"n_basis": 16, "n_samples": 8}},
+                                             stores=stores), V).train()
+        with torch.no_grad():
+            m.lm.transformer.h[1].ln_1.weight.normal_(1.0, 0.3)
+        _, mems = m(x, None)
+        block_input = mems[7]  # layer 1's pending block input (per layer: coef, hist, count, pending)
+        seen.clear()
+        m(x, mems)
+        ln = m.lm.transformer.h[1].ln_1
+        assert_close(seen[1], ln(block_input) if stores == "ln_1" else block_input)
+        assert seen[1].requires_grad == (stores == "ln_1")  # ln_1's gain and bias learn through the memory
+    with pytest.raises(ValueError, match="stores"):
+        MemoryHook(kind="compressive", stores="ln_1")
+
+
+def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
+    """`optim.step_per: conversation` equals the official dialogue loop written out here: per piece, backward of
+    (mean NLL + λ_KL·KL) and clip_grad_norm_(1.0) of the accumulated gradient; one AdamW step (and one schedule
+    step) per conversation."""
+    from papers.infinity_former.gpt2 import FinetuneOptim
+
+    steps = 2
+    dm = _dm(dog)
+    L.seed_everything(3)
+    kw = dict(model={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32, "dropout": 0.0},
+              memory_hook={"kind": "ltm", "args": {"ltm": {"n_basis": 16, "n_samples": 8, "kl_weight": 1e-2}},
+                           "stores": "ln_1"},
+              optim={"lr": 3e-3, "step_per": "conversation", "clip": 1.0}, n_token=dm.vocab_size)
+    module = GPT2MemoryLM(**kw)
+    ref = GPT2MemoryLM(**kw)
+    ref.model = ref.build_model()
+    module.model = module.build_model()
+    ref.model.load_state_dict(module.model.state_dict())
+    trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu", use_distributed_sampler=False,
+                        limit_val_batches=0)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == steps
+
+    dm2 = _dm(dog)
+    dm2.setup("fit")
+    o = FinetuneOptim(lr=3e-3, step_per="conversation", clip=1.0)
+    opt = torch.optim.AdamW(ref.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: o.factor(s, steps))
+    ref.model.train()
+    mems, done, started = None, 0, False
+    for batch in dm2.train_dataloader():
+        if batch.reset:
+            if started:
+                opt.step(), opt.zero_grad(), sched.step()
+                done += 1
+                if done == steps:
+                    break
+            mems, started = None, True
+        hidden, mems = ref.model(batch.input, mems, types=batch.types)
+        nll = ref.model.nll(hidden, batch.target)
+        mask = batch.target != -100
+        aux = ref.model.extra_loss()  # None on a conversation's first piece (empty memory)
+        loss = nll.sum() / mask.sum().clamp(min=1) + (aux if aux is not None else 0.0)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.model.parameters(), 1.0)
+    assert done == steps
+    for (name, a), b in zip(module.model.state_dict().items(), ref.model.state_dict().values()):
+        assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
