@@ -37,7 +37,6 @@ compare the parsed streams with).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import hashlib
@@ -47,6 +46,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -791,7 +791,8 @@ def add_parser(sub) -> None:
                    help="build: write the mirror; serve: serve it and print the settings; run: build if needed, "
                         "serve, run a command with the settings, stop")
     m.add_argument("root", help="the mirror folder (e.g. data/mirror)")
-    m.add_argument("command", nargs=argparse.REMAINDER, help="run: the command (after --)")
+    m.add_argument("--exec", dest="command", help="run: the command line to run against the mirror, quoted "
+                                                  "(e.g. --exec 'dvc repro -S profile=paper')")
     m.add_argument("--gpt2-size", choices=sorted(GPT2_SHAPES), default="paper",
                    help="shapes of the random GPT-2 checkpoint (paper: 12 x 768, as the configs build it)")
     m.add_argument("--cache", help="Hub caches of the clients (default: <root>/client-cache)")
@@ -818,9 +819,8 @@ def main(args) -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 server.wait()
             return
-        cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-        if not cmd:
-            raise ValueError("repro mirror run ROOT -- COMMAND: give the command to run against the mirror")
-        rc = subprocess.call(cmd, env=os.environ | env)
+        if not args.command:
+            raise ValueError("repro mirror run ROOT --exec 'COMMAND': give the command to run against the mirror")
+        rc = subprocess.call(shlex.split(args.command), env=os.environ | env)
     if rc:
         raise SystemExit(rc)
