@@ -22,12 +22,13 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback, LightningDataModule, LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
+from repro.callbacks import CurveRecorder, LastCheckpoint, ProgressLine, Provenance, last_path
 from repro.tracking import tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -39,33 +40,6 @@ def hardware() -> str:
         n = torch.cuda.device_count()
         return f"{n}× {torch.cuda.get_device_name(0)}"
     return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
-
-
-class CurveRecorder(Callback):
-    """Training and validation curves as a CSV (step, split, loss, ppl, bpc) for `dvc plots`."""
-
-    def __init__(self, path: str):
-        self.path, self.rows = path, []
-
-    def _add(self, trainer, split: str, prefix: str) -> None:
-        m = trainer.callback_metrics
-        if f"{prefix}/loss" in m:
-            self.rows.append((trainer.global_step, split, *(float(m[f"{prefix}/{k}"]) for k in ("loss", "ppl", "bpc"))))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            self._add(trainer, "train", "train")
-
-    def on_validation_end(self, trainer, pl_module):  # after the module has logged its epoch metrics
-        if not trainer.sanity_checking:
-            self._add(trainer, "valid", "val")
-
-    def on_fit_end(self, trainer, pl_module):
-        if trainer.global_rank == 0:
-            from repro.io import atomic_write_text
-
-            lines = ["step,split,loss,ppl,bpc"] + [f"{s},{sp},{l:.6f},{p:.6f},{b:.6f}" for s, sp, l, p, b in self.rows]
-            atomic_write_text(self.path, "\n".join(lines) + "\n")
 
 
 def plot_curves(csv_path: str) -> Path | None:
@@ -108,6 +82,7 @@ class ReproCLI(LightningCLI):
 
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
+        self._ckpt_info: dict[str, Any] | None = None
         super().__init__(
             LightningModule,
             LightningDataModule,
@@ -136,40 +111,103 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.paper", type=str, default="", help="paper folder name (papers/<paper>)")
         parser.add_argument("--run.experiment", type=str, default="", help="experiment name within the paper")
         parser.add_argument("--run.profile", type=str, default="", help="tiny | paper")
+        parser.add_argument("--run.rehearsal", type=bool, default=False,
+                            help="a rehearsal of the paper profile (configs/rehearsal/): recorded as such, and its "
+                                 "table cells are labelled 'rehearsal'")
         parser.add_argument("--run.record", type=str | None, default=None,
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
                             help="fit: save the final checkpoint here (atomically)")
         parser.add_argument("--run.curves", type=str | None, default=None,
                             help="fit: write the training and validation curves to this CSV (a DVC plot)")
-        parser.add_argument("--run.tracking", type=str, default="mlflow", help="mlflow | none")
+        parser.add_argument("--run.tracking", type=Literal["mlflow", "none"], default="mlflow",
+                            help="mlflow: an MLflow run in mlflow.db at the repository root; none: no run")
+        parser.add_argument("--run.last_every_steps", type=int, default=100,
+                            help="fit with --run.checkpoint A.ckpt: write A.last.ckpt every N optimiser steps (0: off), "
+                                 "and on Ctrl-C/SIGTERM")
+        parser.add_argument("--run.last_every_minutes", type=float, default=10.0,
+                            help="fit: also write A.last.ckpt every M minutes (0: off)")
+        parser.add_argument("--run.resume", type=bool, default=False,
+                            help="fit: continue from A.last.ckpt when it exists (the command of an interrupted fit, "
+                                 "plus this flag)")
+        parser.add_argument("--run.untrained", type=bool, default=False,
+                            help="validate|test: allow a run without --ckpt_path (scores freshly initialised weights)")
         parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
-        try:  # --ckpt_path loads with torch.load(weights_only=True): tensors and plain containers only
-            parser.set_defaults(weights_only=True)
-        except KeyError:  # a subcommand without the option
-            pass
+
+    def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        # the Trainer method's own arguments exist only now (after `add_arguments_to_parser`)
+        defaults = {"weights_only": True,  # --ckpt_path loads tensors and plain containers only
+                    "verbose": False}  # no box-drawn metrics table: `_record` prints one summary line
+        parser.set_defaults({k: v for k, v in defaults.items() if k in self._subcommand_method_arguments[subcommand]})
+        return parser
 
     def _run_cfg(self) -> dict[str, Any]:
         cfg = self.config.get(str(self.subcommand), self.config)
         return dict(cfg.get("run", {}) or {})
 
+    def _name(self) -> str:
+        run = self._run_cfg()
+        return "/".join(x for x in (run.get("profile"), run.get("experiment")) if x) or "run"
+
+    def _resume_command(self, last: Path) -> str:
+        import shlex
+
+        args = [a for a in sys.argv[1:]] if sys.argv[1:] else []
+        if "--run.resume" not in " ".join(args):
+            args += ["--run.resume", "true"]
+        return "repro " + shlex.join(args) if args else f"repro fit … --ckpt_path {last}"
+
     def instantiate_trainer(self, **kwargs):
         run = self._run_cfg()
-        if run.get("curves"):
-            kwargs["callbacks"] = [*kwargs.get("callbacks", []), CurveRecorder(run["curves"])]
+        cfg = self.config.get(str(self.subcommand), self.config)
+        # Our callbacks join the configured ones: LightningCLI lets a `callbacks=` keyword replace
+        # `--trainer.callbacks`, which dropped a user's ModelCheckpoint or EarlyStopping whenever --run.curves was on.
+        configured = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        ours = [*(configured if isinstance(configured, list) else [configured])]
+        model_class = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
+        self._provenance = Provenance({"module_class": model_class, "paper": run.get("paper"),
+                                       "experiment": run.get("experiment"), "profile": run.get("profile"),
+                                       "config": self._dump(cfg), "seed": cfg.get("seed_everything"),
+                                       "mlflow_run": None})
+        ours.append(self._provenance)
+        if self.subcommand == "fit":
+            ours.append(ProgressLine(f"fit {self._name()}"))
+            if run.get("curves"):
+                ours.append(CurveRecorder(run["curves"]))
+            if run.get("checkpoint"):
+                last = last_path(run["checkpoint"])
+                ours.append(LastCheckpoint(last, every_steps=int(run.get("last_every_steps") or 0),
+                                           every_minutes=float(run.get("last_every_minutes") or 0),
+                                           resume_hint=self._resume_command(last)))
+        kwargs["callbacks"] = ours
+        if not cfg.get("trainer", {}).get("default_root_dir"):
+            # A user's ModelCheckpoint without a dirpath writes under the logger's folder, which for MLflow is
+            # `<default_root_dir>/<experiment id>/<run id>/checkpoints`: beside the run's checkpoint, not in the
+            # working directory.
+            from repro.tracking import repo_root
+
+            kwargs["default_root_dir"] = str(Path(run["checkpoint"]).parent if run.get("checkpoint")
+                                             else repo_root() / "checkpoints")
         if run.get("tracking", "mlflow") == "mlflow":
             from lightning.pytorch.loggers import MLFlowLogger
 
-            cfg = self.config.get(str(self.subcommand), self.config)
+            from repro.tracking import artifact_location, run_tags
+
             if not cfg.get("trainer", {}).get("logger"):
-                name = "/".join(x for x in (run.get("profile"), run.get("experiment")) if x) or None
+                tags = run_tags(subcommand=str(self.subcommand), run=run, seed=cfg.get("seed_everything"),
+                                ckpt_path=cfg.get("ckpt_path"))
                 kwargs["logger"] = MLFlowLogger(experiment_name=run.get("paper") or "repro",
-                                                run_name=f"{self.subcommand}:{name}", tracking_uri=tracking_uri(),
-                                                tags={"subcommand": str(self.subcommand), "profile": run.get("profile", "")})
+                                                run_name=f"{self.subcommand}:{self._name()}", tracking_uri=tracking_uri(),
+                                                artifact_location=artifact_location(), tags=tags)
         trainer = super().instantiate_trainer(**kwargs)
         if self._in_steps and trainer.world_size > 1:
             raise _OwnProcess  # see `run_steps`
         return trainer
+
+    def _dump(self, cfg) -> str:
+        parser = self.parser if self.subcommand is None else self._subcommand_parsers[self.subcommand]
+        return parser.dump(cfg, skip_none=False)
 
     def _mlflow(self):
         from lightning.pytorch.loggers import MLFlowLogger
@@ -183,23 +221,51 @@ class ReproCLI(LightningCLI):
         lg = self._mlflow()
         if lg is None or self.trainer.global_rank != 0:
             return
+        from repro.tracking import mark_dead_runs
+
+        mark_dead_runs(lg.experiment)  # runs left RUNNING by a killed process end as KILLED
         cfg = self.config.get(str(self.subcommand), self.config)
-        text = self.parser.dump(cfg, skip_none=False) if self.subcommand is None else \
-            self._subcommand_parsers[self.subcommand].dump(cfg, skip_none=False)
-        lg.experiment.log_text(lg.run_id, text, "config.yaml")
+        lg.experiment.log_text(lg.run_id, self._dump(cfg), "config.yaml")
         dm = self.datamodule
         lg.log_hyperparams({"data": {k: v for k, v in vars(dm).items()
                                      if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}})
         lg.experiment.set_tag(lg.run_id, "hardware", hardware())
+        self._provenance.info["mlflow_run"] = lg.run_id
+        source = self._ckpt_info.get("mlflow_run") if self._ckpt_info else None
+        if source:  # a test of a fit, or a resumed fit: cite the run that wrote the checkpoint
+            lg.experiment.set_tag(lg.run_id, "resumed_from_run" if self.subcommand == "fit" else "fit_run", source)
+
+    def _before(self) -> None:
+        """Checks that need no run: the checkpoint (exists, loads, fits this model), or its absence for a test;
+        then the MLflow run starts."""
+        from repro.io import check_checkpoint
+
+        run = self._run_cfg()
+        sub = str(self.subcommand)
+        cfg = self.config_init[sub]
+        if sub == "fit" and run.get("resume") and not cfg.get("ckpt_path"):
+            if not run.get("checkpoint"):
+                raise ValueError("--run.resume continues from the last checkpoint beside --run.checkpoint: "
+                                 "give --run.checkpoint PATH")
+            last = last_path(run["checkpoint"])
+            if last.exists():
+                cfg["ckpt_path"] = str(last)
+                print(f"repro: resuming from {last}", flush=True)
+        ckpt = cfg.get("ckpt_path")
+        if sub in ("validate", "test") and not ckpt and not run.get("untrained"):
+            raise ValueError(f"repro {sub} without --ckpt_path would score untrained weights: give --ckpt_path "
+                             "CHECKPOINT (or --run.untrained true to score them on purpose)")
+        self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
+        self._start_tracking()
 
     def before_fit(self):
-        self._start_tracking()
+        self._before()
 
     def before_validate(self):
-        self._start_tracking()
+        self._before()
 
     def before_test(self):
-        self._start_tracking()
+        self._before()
 
     def after_fit(self):
         run = self._run_cfg()
@@ -207,7 +273,10 @@ class ReproCLI(LightningCLI):
             from repro.io import atomic_path
 
             with atomic_path(run["checkpoint"]) as tmp:
-                self.trainer.save_checkpoint(tmp)
+                self.trainer.save_checkpoint(tmp, weights_only=False)
+            last = last_path(run["checkpoint"])
+            if self.trainer.global_rank == 0 and last.exists():  # the final checkpoint supersedes it
+                last.unlink()
         self._record("fit")
         lg = self._mlflow()
         if run.get("curves") and self.trainer.global_rank == 0:
@@ -231,6 +300,7 @@ class ReproCLI(LightningCLI):
             "paper": run.get("paper"),
             "experiment": run.get("experiment"),
             "profile": run.get("profile"),
+            "rehearsal": bool(run.get("rehearsal")),
             "stage": stage,
             "metrics": metrics,
             "provenance": {

@@ -69,3 +69,51 @@ def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             f"{path} is not a readable tensor file ({type(err).__name__}: {err}); delete it and run the "
             "command again to rebuild it"
         ) from err
+
+
+def check_checkpoint(path: str | os.PathLike, model: torch.nn.Module) -> dict[str, Any]:
+    """Refuse, in one line that names the problem, a `--ckpt_path` that is missing, unreadable (truncated, random
+    bytes, pickled code) or of another model (class, vocabulary or weight shapes), before a run starts. Returns the
+    provenance the checkpoint carries (`repro_run`: module class, config, experiment, MLflow run; see
+    `repro.callbacks.Provenance`), or {} for a checkpoint written without it. Loads with `mmap=True`: the weights
+    are not read into memory twice."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--ckpt_path {path}: no such file (a fit writes one with --run.checkpoint PATH)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated, not a torch file, or carries code (weights_only refuses it)
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--ckpt_path {path} is not a readable checkpoint ({type(err).__name__}: {reason}); it may "
+                         "be truncated or not a checkpoint: give one written by `repro fit --run.checkpoint`") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise ValueError(f"--ckpt_path {path} is a torch file but not a Lightning checkpoint (no state_dict): give one "
+                         "written by `repro fit --run.checkpoint`")
+    info = dict(ckpt.get("repro_run") or {})
+    ours = f"{type(model).__module__}.{type(model).__qualname__}"
+    theirs = info.get("module_class") or (ckpt.get("repro") or {}).get("module_class")
+    origin = ", ".join(f"{k} {info[k]}" for k in ("paper", "experiment", "profile") if info.get(k))
+    origin = f" ({origin})" if origin else ""
+    if theirs and theirs != ours:
+        raise ValueError(f"--ckpt_path {path} holds a {theirs}{origin}, but this config builds a {ours}: give a "
+                         "checkpoint of this model, or the config it was trained with")
+    n_token = (ckpt.get("repro") or {}).get("n_token")
+    if n_token is not None and getattr(model, "n_token", n_token) != n_token:
+        raise ValueError(f"--ckpt_path {path}{origin} was trained on a vocabulary of {n_token} symbols, this config's "
+                         f"data has {model.n_token}: evaluate it on the corpus it was trained on")
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if isinstance(v, torch.Tensor)}
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+    if missing or extra or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} weights missing (e.g. {missing[0]})")
+        if extra:
+            parts.append(f"{len(extra)} unknown weights (e.g. {extra[0]})")
+        if shapes:
+            k = shapes[0]
+            parts.append(f"{len(shapes)} of another shape (e.g. {k}: checkpoint {have[k]}, model {want[k]})")
+        raise ValueError(f"--ckpt_path {path}{origin} does not fit this config's {type(model).__name__}: "
+                         f"{'; '.join(parts)}; give the config it was trained with")
+    return info

@@ -267,6 +267,9 @@ class SegmentLM(L.LightningModule):
     # ------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["repro"] = {
+            # what the weights are, so that a checkpoint given to another model is refused by name
+            # (`repro.io.check_checkpoint`)
+            "module_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "n_token": self.n_token,
             "vocab_digest": self.vocab_digest,
             "train_memory": self._gather_memory(self._mems["train"]),

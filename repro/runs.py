@@ -55,7 +55,9 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
             (["--seed_everything", str(seed)] if seed is not None else [])
         caps = config_overrides(cfg) if rehearsal else []
         ckpt = ckpt_dir / f"{exp}.ckpt"
+        # --run.resume: a group stopped mid-fit (Ctrl-C, SIGTERM, a killed job) continues from EXP.last.ckpt
         out.append((["fit", "-c", str(cfg), *caps, *extra, "--run.experiment", exp, "--run.checkpoint", str(ckpt),
+                     "--run.resume", "true",
                      "--run.record", str(rec_dir / f"{exp}.fit.json"), "--run.curves", str(curve_dir / f"{exp}.csv")],
                     None))
         for kind, suffix in kinds:

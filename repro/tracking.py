@@ -1,13 +1,41 @@
-"""Where MLflow runs go: `$MLFLOW_TRACKING_URI`, or the sqlite database `mlflow.db` at the repository root."""
+"""Where runs and files go, and what each MLflow run is tagged with.
+
+Runs go to `$MLFLOW_TRACKING_URI`, or the sqlite database `mlflow.db` at the repository root, their artifacts to
+`mlruns/` beside it — the root, not the working directory, so that a command run from a subdirectory writes where
+one run from the root does (MLflow's default artifact location is relative to the working directory).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+from functools import cache
 from pathlib import Path
+from typing import Any
+
+
+@cache
+def repo_root() -> Path:
+    """The repository that holds the working directory (the first parent with `dvc.yaml`, `configs/` and
+    `repro/`), or the working directory itself outside one."""
+    here = Path.cwd().resolve()
+    for d in (here, *here.parents):
+        if (d / "dvc.yaml").is_file() and (d / "configs").is_dir() and (d / "repro").is_dir():
+            return d
+    return here
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def artifact_location() -> str | None:
+    """Where new experiments keep their artifacts: `mlruns/` at the repository root for the default database
+    (None, MLflow's default, for a tracking server of the user's)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (repo_root() / "mlruns").as_uri()
 
 
 def experiment_id(name: str, client=None) -> str:
@@ -16,4 +44,59 @@ def experiment_id(name: str, client=None) -> str:
 
     client = client or MlflowClient(tracking_uri())
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp is not None else client.create_experiment(name)
+    return exp.experiment_id if exp is not None else client.create_experiment(name, artifact_location())
+
+
+@cache
+def git_commit() -> str:
+    """HEAD of the repository (with `-dirty` when tracked files changed), or '' outside git."""
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=repo_root(), capture_output=True, text=True, timeout=10)
+        head = run("rev-parse", "HEAD")
+        if head.returncode:
+            return ""
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run_tags(*, subcommand: str, run: dict[str, Any], seed: Any, ckpt_path: str | None) -> dict[str, str]:
+    """The tags of a `repro fit|validate|test` run: what it is (paper, profile, experiment, seed, commit), the
+    checkpoint it reads or writes, and the process that owns it (`mark_dead_runs`)."""
+    tags = {"subcommand": subcommand, "paper": run.get("paper") or "", "profile": run.get("profile") or "",
+            "experiment": run.get("experiment") or "", "seed": str(seed), "git_commit": git_commit(),
+            "host": socket.gethostname(), "pid": str(os.getpid())}
+    if run.get("checkpoint"):
+        tags["checkpoint"] = str(Path(run["checkpoint"]).resolve())
+    if ckpt_path:
+        tags["ckpt_path"] = str(Path(ckpt_path).resolve())
+    return tags
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def mark_dead_runs(client) -> list[str]:
+    """End as KILLED the runs still RUNNING whose process (tags `host`, `pid`) no longer exists on this host — a
+    SIGKILL or a power cut leaves them RUNNING forever otherwise. Returns their ids."""
+    from mlflow.entities import ViewType
+
+    host, dead = socket.gethostname(), []
+    ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if not ids:
+        return dead
+    for r in client.search_runs(ids, "attributes.status = 'RUNNING'", max_results=1000):
+        tags = r.data.tags
+        if tags.get("host") == host and tags.get("pid", "").isdigit() and int(tags["pid"]) != os.getpid() \
+                and not _alive(int(tags["pid"])):
+            client.set_terminated(r.info.run_id, "KILLED")
+            dead.append(r.info.run_id)
+    return dead

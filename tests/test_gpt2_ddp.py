@@ -27,7 +27,7 @@ def test_two_ddp_processes_finetune_and_evaluate_like_one(root, tmp_path):
     small = ["--data.init_args.root", str(data), "--data.init_args.tokenizer",
              f"{{kind: file, name: {tmp_path / 'tok.json'}}}", "--data.init_args.block_size", "32",
              "--model.init_args.model", "{pretrained: null, n_layer: 2, n_embd: 32, n_head: 2, n_positions: 32, "
-             "dropout: 0.0}", "--run.tracking", "none", "--trainer.precision", "32-true",
+             "dropout: 0.0}", "--run.tracking", "none", "--run.untrained", "true", "--trainer.precision", "32-true",
              "--trainer.accelerator", "cpu"]
     one = _cli(["validate", "-c", CONFIG, *small, "--run.record", str(tmp_path / "one.json")], root)
     assert one.returncode == 0, one.stderr[-3000:]

@@ -93,7 +93,7 @@ def _cli(args, cwd):
 
 
 def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
-    common = ["validate", "-c", TINY, "--run.tracking", "none", "--trainer.precision", "32-true",
+    common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true", "--trainer.precision", "32-true",
               "--trainer.limit_val_batches", "12", "--trainer.accelerator", "cpu"]
     one = _cli([*common, "--run.record", str(tmp_path / "one.json")], root)
     assert one.returncode == 0, one.stderr[-3000:]

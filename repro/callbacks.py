@@ -1,0 +1,192 @@
+"""The Trainer callbacks that `repro fit|validate|test` adds to every run (see `repro.cli.ReproCLI`).
+
+- `CurveRecorder`: training and validation curves as a CSV for `dvc plots`; its rows travel in checkpoints, so a
+  resumed fit writes the whole curve.
+- `LastCheckpoint`: the "last" checkpoint beside `--run.checkpoint` (`a.ckpt` → `a.last.ckpt`), written atomically
+  every N optimiser steps or M minutes and when the run is stopped by Ctrl-C (SIGINT) or SIGTERM — at the end of the
+  current step, never half-way through one, so that `--ckpt_path a.last.ckpt` continues the same trajectory
+  (memory, data position and RNG come with the module's own checkpoint state, `repro.lm.SegmentLM`). Lightning's
+  `ModelCheckpoint` does the periodic part but not the interrupt, and the configs turn it off (it writes under
+  `lightning_logs/` by default).
+- `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint
+  given to the wrong model is refused by name before a run starts, and test and resumed runs cite their fit run.
+- `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA — the configs turn
+  the progress bar off (it reads `Epoch 0/-2` for step-bounded runs and floods logs of background jobs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback
+
+
+def last_path(checkpoint: str | os.PathLike) -> Path:
+    """The periodic "last" checkpoint that belongs to the final checkpoint `checkpoint`."""
+    p = Path(checkpoint)
+    return p.with_name(f"{p.stem}.last{p.suffix or '.ckpt'}")
+
+
+class CurveRecorder(Callback):
+    """Training and validation curves as a CSV (step, split, loss, ppl, bpc) for `dvc plots`."""
+
+    def __init__(self, path: str):
+        self.path, self.rows = path, []
+
+    def _add(self, trainer, split: str, prefix: str) -> None:
+        m = trainer.callback_metrics
+        if f"{prefix}/loss" in m:
+            self.rows.append((trainer.global_step, split, *(float(m[f"{prefix}/{k}"]) for k in ("loss", "ppl", "bpc"))))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+            self._add(trainer, "train", "train")
+
+    def on_validation_end(self, trainer, pl_module):  # after the module has logged its epoch metrics
+        if not trainer.sanity_checking:
+            self._add(trainer, "valid", "val")
+
+    def write(self) -> None:
+        from repro.io import atomic_write_text
+
+        lines = ["step,split,loss,ppl,bpc"] + [f"{s},{sp},{l:.6f},{p:.6f},{b:.6f}" for s, sp, l, p, b in self.rows]
+        atomic_write_text(self.path, "\n".join(lines) + "\n")
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.global_rank == 0:
+            self.write()
+
+    def on_exception(self, trainer, pl_module, exception):  # an interrupted fit keeps its curve so far
+        if trainer.global_rank == 0 and trainer.training:
+            self.write()
+
+    # the rows travel in checkpoints (plain values: they load with weights_only=True)
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [list(r) for r in self.rows]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rows = [tuple(r) for r in state_dict.get("rows", [])]
+
+
+class LastCheckpoint(Callback):
+    """Writes `path` every `every_steps` optimiser steps or `every_minutes` minutes (0 turns either off), and on
+    SIGINT/SIGTERM at the end of the current step, then stops the run (a second Ctrl-C stops at once)."""
+
+    def __init__(self, path: str | os.PathLike, *, every_steps: int, every_minutes: float, resume_hint: str = ""):
+        self.path = Path(path)
+        self.every_steps, self.every_minutes = every_steps, every_minutes
+        self.resume_hint = resume_hint
+        self._signal: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._saved_at = time.monotonic()
+        self._last_step = -1
+
+    def _handler(self, signum, frame) -> None:
+        if self._signal is not None:  # asked twice: stop now, as Python would
+            self._restore()
+            raise KeyboardInterrupt
+        self._signal = signum
+        print(f"\nrepro: {signal.Signals(signum).name}: stopping after this step and saving {self.path} "
+              "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+
+    def _restore(self) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        self._previous = {}
+
+    def on_train_start(self, trainer, pl_module):
+        self._saved_at = time.monotonic()
+        self._last_step = trainer.global_step
+        import threading
+
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handler)
+
+    def save(self, trainer) -> None:
+        from repro.io import atomic_path
+
+        with atomic_path(self.path) as tmp:
+            trainer.save_checkpoint(tmp, weights_only=False)  # optimiser and callbacks too
+        self._saved_at = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == self._last_step:  # inside a gradient accumulation: no step boundary yet
+            return
+        self._last_step = step
+        if self._signal is not None:
+            self.save(trainer)
+            if trainer.global_rank == 0:
+                print(f"repro: saved {self.path} at step {step}; resume with: {self.resume_hint}",
+                      file=sys.stderr, flush=True)
+            self._restore()
+            raise KeyboardInterrupt  # Lightning's graceful shutdown: the MLflow run ends as failed
+        due_steps = self.every_steps > 0 and step % self.every_steps == 0
+        due_time = self.every_minutes > 0 and time.monotonic() - self._saved_at >= 60 * self.every_minutes
+        if due_steps or due_time:
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._restore()
+
+
+class Provenance(Callback):
+    """Stores `info` (module class, resolved config, experiment, MLflow run …) in every checkpoint as `repro_run`;
+    on loading, keeps the checkpoint's own `repro_run` as `loaded` (a test run cites its fit run from it)."""
+
+    def __init__(self, info: dict[str, Any]):
+        self.info = info
+        self.loaded: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        checkpoint["repro_run"] = dict(self.info)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        self.loaded = checkpoint.get("repro_run")
+
+
+class ProgressLine(Callback):
+    """`fit tiny/enwik8_12l  step 40/400  loss 2.913  11.2k tok/s  ETA 1m05s`, every `log_every_n_steps` steps
+    (and at the last step); tokens/s counts the training tokens of all ranks since the last line."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_train_start(self, trainer, pl_module):
+        self._t, self._tokens = time.monotonic(), self._seen(pl_module)
+        self._t0, self._step0 = self._t, trainer.global_step
+
+    @staticmethod
+    def _seen(pl_module) -> int:
+        seen = getattr(pl_module, "tokens_seen", None)
+        return int(seen.item()) if seen is not None else 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step, total = trainer.global_step, trainer.max_steps
+        every = max(1, trainer.log_every_n_steps)
+        if trainer.global_rank != 0 or not (step % every == 0 or step == total) or getattr(self, "_shown", -1) == step:
+            return
+        self._shown = step
+        now, tokens = time.monotonic(), self._seen(pl_module)
+        rate = (tokens - self._tokens) / max(now - self._t, 1e-9) * max(1, trainer.world_size)
+        self._t, self._tokens = now, tokens
+        loss = trainer.callback_metrics.get("train/loss")
+        parts = [self.name, f"step {step}/{total}" if total and total > 0 else f"step {step}"]
+        if loss is not None:
+            parts.append(f"loss {float(loss):.3f}")
+        if tokens:
+            parts.append(f"{rate / 1000:.1f}k tok/s")
+        if total and total > 0 and step > self._step0:
+            eta = (now - self._t0) / (step - self._step0) * (total - step)
+            parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+        print("  ".join(parts), flush=True)
