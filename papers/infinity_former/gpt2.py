@@ -685,8 +685,15 @@ class GenerationSettings:
     # False: the official sampling loop runs the last piece and the drawn tokens without token-type ids (only the
     # earlier, memory-filling pieces get them); True: every position gets its type, as in training
     types_while_sampling: bool = True
+    # how the first token avoids the special tokens (`min_length = 1`): "ban" removes them from its distribution;
+    # "redraw" is the official loop: draw again while special, at most 10 times, and keep a special token after
+    # that or when the nucleus holds it alone (a kept speaker token is stripped from the text, another one ends
+    # the response empty)
+    first_special: Literal["ban", "redraw"] = "ban"
 
     def __post_init__(self):
+        if self.first_special not in ("ban", "redraw"):
+            raise ValueError(f"generation.first_special is 'ban' or 'redraw' (official), got {self.first_special!r}")
         if self.meteor_tokens not in ("split", "treebank"):
             raise ValueError(f"generation.meteor_tokens is 'split' (official) or 'treebank', "
                              f"got {self.meteor_tokens!r}")
@@ -834,10 +841,10 @@ class GPT2MemoryLM(SegmentLM):
         for `max_tokens` new tokens; the earlier pieces go through the model in order to fill its memory (skipped
         for a model without memory: they cannot affect it), then each new token is drawn from the model run on
         the last piece plus the tokens drawn so far, with the memory as it was after the earlier pieces.
-        Generation ends at a token of `stop` (not kept) or after `max_tokens`; the first token is never one of
-        `banned` (default: `stop`; the official `min_length = 1` re-draws a special token). Without
+        Generation ends at a token of `stop` (not kept) or after `max_tokens`; the first token avoids `banned`
+        (default: `stop`) as `generation.first_special` says (the official `min_length = 1` re-draws). Without
         `generation.types_while_sampling` the last piece and the drawn tokens get no token-type ids (official)."""
-        from repro.generate_text import SamplingSettings, sample_token
+        from repro.generate_text import SamplingSettings, nucleus_mask, sample_token
         from repro.text.dialogue import pieces_from_end
 
         g = self.generation
@@ -869,7 +876,16 @@ class GPT2MemoryLM(SegmentLM):
         first_banned = stop if banned is None else banned
         out: list[int] = []
         for step in range(g.max_tokens):
-            token = sample_token(next_logits(out), settings, generator, banned=first_banned if step == 0 else ())
+            logits = next_logits(out)
+            if step == 0 and g.first_special == "redraw":
+                token = sample_token(logits, settings, generator)
+                alone = int(nucleus_mask(logits.float() / g.temperature, g.top_p).sum()) == 1  # probs.max() == 1
+                redraws = 0
+                while token in first_banned and not alone and redraws < 10:
+                    token = sample_token(logits, settings, generator)
+                    redraws += 1
+            else:
+                token = sample_token(logits, settings, generator, banned=first_banned if step == 0 else ())
             if token in stop:
                 break
             out.append(token)
