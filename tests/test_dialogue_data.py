@@ -140,6 +140,26 @@ def test_response_examples_need_two_previous_utterances(tmp_path, tok):
     assert len(D.response_examples(convs, encs, min_history=2, limit=3)) == 3
 
 
+def test_official_response_context_is_the_aliased_whole_conversation(tmp_path, tok):
+    """The official `build_input_from_segments_` keeps extending one list: every response of a conversation gets
+    the document, the first speaker token and the words of all utterances but the last."""
+    convs = D.read_cmu_dog(_write(tmp_path), "test")
+    encs = [D.encode_conversation(c, tok) for c in convs]
+    ex = D.response_examples(convs, encs, min_history=3, context="official")
+    assert [(e.conversation, e.turn) for e in ex] == [("00a8fb", 3), ("01b9ff", 3)]  # ≥ 3 previous utterances
+    enc, conv = encs[0], convs[0]
+    doc = enc.ids[: enc.starts[0]]
+    words = [t for u in conv.utterances[:-1] for t in tok.encode(u)]
+    assert ex[0].context == [*doc, enc.ids[enc.starts[0]], *words]
+    assert ex[0].context_types == [*enc.types[: enc.starts[0] + 1],
+                                   *[enc.types[a] for a, b in enc.spans[:-1] for _ in range(b - a)]]
+    assert ex[0].reference == conv.utterances[3]
+    two = D.response_examples(convs, encs, min_history=2, context="official")
+    assert two[0].context == two[1].context == ex[0].context  # one context for every response
+    with pytest.raises(ValueError, match="response context is one of"):
+        D.response_examples(convs, encs, context="whole")
+
+
 def test_tiny_set_is_cmu_dog_layout_and_grounded(tmp_path):
     root = D.generate_tiny_dog(tmp_path, n_docs=3, conversations={"train": 4, "valid": 2, "test": 2}, seed=1)
     again = D.generate_tiny_dog(tmp_path / "again", n_docs=3, conversations={"train": 4, "valid": 2, "test": 2},

@@ -91,6 +91,43 @@ def test_meteor_values_derived_by_hand():
     assert T.meteor("the car stopped", "the auto stopped") != pytest.approx(1 / 3)
 
 
+def test_meteor_tokens_official_split_and_treebank_option():
+    # the official protocol: lower-case, split on white space; punctuation stays on its word
+    assert T.meteor_tokens("The cat, sat.") == ["the", "cat,", "sat."]
+    assert T.meteor_tokens("The cat, sat.", "treebank") == ["The", "cat", ",", "sat", "."]
+    # "cat," ≠ "cat" for the official tokens: 1 of 3 hypothesis words ('the') matches the 3-word reference
+    assert T.meteor("The cat, sat.", "the cat sat") == pytest.approx(_meteor_by_formula(1, 3, 3, 1))
+    # Treebank: the, cat, sat match: m = 3 of 5 hypothesis tokens, in 2 chunks ("," sits between cat and sat)
+    assert T.meteor("The cat, sat.", "the cat sat", tokens="treebank") == pytest.approx(_meteor_by_formula(3, 5, 3, 2))
+    assert T.meteor("", "a reference") == 0.0
+    with pytest.raises(ValueError, match="meteor_tokens is one of"):
+        T.meteor_tokens("a", "spacy")
+    with pytest.raises(ValueError, match="meteor_tokens is one of"):
+        T.corpus_scores(["a"], ["a"], with_meteor=False, meteor_tokens="spacy")
+
+
+# ----------------------------------------------------------------------------------------------- perplexity
+def test_official_perplexity_average_by_hand():
+    """Two conversations, pieces of 4 tokens. A: 10 tokens, scored NLLs 1 and 3 (mean 2); the official cuts it into
+    pieces 2 + 4 + 4 from the end and scores 1 + 3 + 3 = 7 label positions. B: 5 tokens, scored NLL 4; pieces
+    1 + 4, 0 + 3 = 3 positions. ignite `Loss`: (7·2 + 3·4) / (7 + 3) = 2.6; per token: (1 + 3 + 4) / 3 = 8/3."""
+    assert T.official_label_positions(10, 4) == 7 and T.official_label_positions(5, 4) == 3
+    assert T.official_label_positions(8, 4) == 6 and T.official_label_positions(1, 4) == 0
+    acc = T.ConversationNLL(block=4)
+    acc.add(nll_sum=1.0, scored=1, positions=5)  # our pieces of A: 9 targets (every token after the first)
+    acc.add(nll_sum=3.0, scored=1, positions=4)
+    acc.close()
+    acc.add(nll_sum=0.0, scored=0, positions=1)  # an unscored padding piece (DDP): left out
+    acc.close()
+    acc.add(nll_sum=4.0, scored=1, positions=4)  # B: 4 targets
+    weighted, weight, conversations = acc.totals()  # closes B
+    assert (weighted, weight, conversations) == (pytest.approx(26.0), 10, 2)
+    assert T.official_mean_nll(weighted, weight) == pytest.approx(2.6)
+    assert (1 + 3 + 4) / 3 == pytest.approx(8 / 3)  # ours (`repro.metrics.lm.TokenNLL`): another number
+    with pytest.raises(RuntimeError, match="no conversation"):
+        T.official_mean_nll(0.0, 0)
+
+
 def test_meteor_without_wordnet_stops(monkeypatch, tmp_path):
     import nltk
 
