@@ -54,8 +54,21 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(tensors, tmp)
+    """Atomically, and byte for byte the same for the same tensors: `torch.save` to a path names the archive's
+    records after the file, which here is a random temporary name, so two builds of one data set wrote different
+    bytes and a concurrent build broke the other's recorded sha256; through a file object the name is fixed."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(tensors, f)
+
+
+@contextmanager
+def build_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """The lock of a data build into `folder` (`<folder>.lock` beside it): two processes that build the same data
+    set at once (two `repro fit` of one task, the workers of `repro runs`) take turns, and the second finds the
+    first's complete build (builders check for their completion marker, `meta.json`, inside the lock)."""
+    folder = Path(folder)
+    with file_lock(folder.with_name(folder.name + ".lock")):
+        yield
 
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:

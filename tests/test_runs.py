@@ -123,3 +123,65 @@ def test_a_failing_worker_fails_the_group(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "worker(s) [0, 1] failed" in done.stdout + done.stderr
+
+
+BUILD = """
+import os, sys, time
+from pathlib import Path
+go = Path(sys.argv[2])
+while not go.exists():  # both processes start building at the same moment
+    time.sleep(0.01)
+if sys.argv[1] == "sorting":
+    from repro.data.sorting import SortingSpec, load
+    load(SortingSpec(length=64, n_train=3000, n_valid=300, n_test=300, seed=0))  # checks every split's sha256
+else:
+    from repro.data.corpora import load_corpus
+    load_corpus("embedded-char")
+"""
+
+
+@pytest.mark.parametrize("kind", ["sorting", "corpus"])
+def test_two_processes_build_one_data_set_at_once(tmp_path, kind):
+    """The workers of a group (or two `repro fit` of one task) may build one data set together: they take turns
+    under its lock, and both read a complete, checksummed build."""
+    import time
+
+    env = {**os.environ, "REPRO_DATA": str(tmp_path / "data")}
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD, kind, str(go)], cwd=ROOT, env=env,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(1.5)  # both have imported torch and wait
+    go.touch()
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    built = list((tmp_path / "data").rglob("meta.json"))
+    assert len(built) == 1 and not list((tmp_path / "data").rglob("*.part"))
+
+
+def test_tensor_files_are_the_same_bytes_for_the_same_tensors(tmp_path):
+    """Two writers of one data file produce one content (the sha256 a build records holds for both)."""
+    import torch
+
+    from repro.io import save_tensors
+
+    t = {"x": torch.arange(10)}
+    save_tensors(tmp_path / "a.pt", t)
+    save_tensors(tmp_path / "b.pt", t)
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+
+
+def test_records_and_tables_are_written_with_the_users_umask(tmp_path):
+    from repro.io import atomic_write_json, atomic_write_text, save_tensors
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "table.md", "| a |\n")
+        atomic_write_json(tmp_path / "record.json", {"a": 1})
+        save_tensors(tmp_path / "t.pt", {})
+        os.umask(0o027)
+        atomic_write_text(tmp_path / "private.md", "x")
+    finally:
+        os.umask(old)
+    for name in ("table.md", "record.json", "t.pt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+    assert (tmp_path / "private.md").stat().st_mode & 0o777 == 0o640

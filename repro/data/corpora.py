@@ -21,7 +21,7 @@ import torch
 
 from repro.data import embedded
 from repro.data.vocab import Vocab, char_vocab, encode_chars, encode_words, word_vocab
-from repro.io import atomic_write_json, load_tensors, save_tensors
+from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
 SPLITS = ("train", "valid", "test")
 FORMAT_VERSION = 1
@@ -284,6 +284,11 @@ def is_built(name: str, root: str | os.PathLike | None = None) -> bool:
 
 def build(name: str, root: str | os.PathLike | None = None) -> Path:
     """Build the cache of `name` if it is missing (downloading its sources if needed)."""
+    with build_lock(cache_dir(name, root)):  # the workers of `repro runs` may all start by building one corpus
+        return _build(name, root)
+
+
+def _build(name: str, root: str | os.PathLike | None) -> Path:
     import json
 
     folder = cache_dir(name, root)

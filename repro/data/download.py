@@ -138,6 +138,16 @@ def download(
         urls, sha256 = _through_mirror(urls, base, timeout=timeout)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    from repro.io import file_lock
+
+    # two processes that need one file (the workers of `repro runs`) take turns: the second finds it downloaded,
+    # instead of both appending to one `.part`
+    with file_lock(dest.with_name(dest.name + ".lock")):
+        return _download(urls, dest, sha256=sha256, size=size, timeout=timeout, record_sha256=record_sha256)
+
+
+def _download(urls: list[str], dest: Path, *, sha256: str | None, size: int | None, timeout: float,
+              record_sha256: bool) -> Path:
     expected, origin = _expected_sha256(dest, sha256=sha256, record=record_sha256)
 
     if dest.exists():

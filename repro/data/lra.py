@@ -700,6 +700,12 @@ class LRADataModule(L.LightningDataModule):
         return s
 
     def prepare_data(self) -> None:
+        from repro.io import build_lock
+
+        with build_lock(self.folder):  # two runs of one task may build it at once
+            self._prepare()
+
+    def _prepare(self) -> None:
         folder = self.folder
         try:
             meta = json.loads((folder / "meta.json").read_text())

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from repro.data.vocab import Vocab
-from repro.io import atomic_write_json, load_tensors, save_tensors
+from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
 N_SYMBOLS = 20
 SEP = 20
@@ -112,6 +112,11 @@ class SortingSpec:
 def build(spec: SortingSpec, root: str | os.PathLike | None = None) -> Path:
     """Write the three split files (once, atomically) and their meta; returns the folder."""
     folder = data_dir(root) / "sorting" / spec.name
+    with build_lock(folder):  # two runs of one task may build it at once
+        return _build(spec, folder)
+
+
+def _build(spec: SortingSpec, folder: Path) -> Path:
     meta_path = folder / "meta.json"
     settings = {"format": FORMAT_VERSION, "length": spec.length, "sizes": spec.sizes(), "seed": spec.seed,
                 "vocabulary": f"{N_SYMBOLS} symbols, separator {SEP}, pad {PAD}"}

@@ -93,36 +93,37 @@ def build_stream(source: str, spec: TokenizerSpec, data_root: str | os.PathLike 
                  pg19_train_books: int = 2000) -> tuple[dict[str, torch.Tensor], dict]:
     """Token streams of the three splits (int32) and their provenance, cached."""
     from repro.data.corpora import data_dir
-    from repro.io import atomic_write_json, load_tensors, save_tensors
+    from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
     if source not in SOURCES:
         raise ValueError(f"unknown text source {source!r}; choose one of {SOURCES}")
     tok = load_tokenizer(spec, data_root)
     tag = f"{source}{'-' + str(pg19_train_books) if source == 'pg19' else ''}"
     folder = data_dir(data_root) / "cache" / f"gpt2-{tag}-{tok.digest}"
-    if (folder / "meta.json").exists():
-        return load_tensors(folder / "tokens.pt"), json.loads((folder / "meta.json").read_text())
-    raw = data_dir(data_root) / "raw" / source
-    streams, docs_per_split = {}, {}
-    for split in SPLITS:
-        if source == "wt103-raw":
-            docs = wt103_raw_documents(raw, split)
-        elif source == "pg19":
-            docs = pg19_documents(raw, split, pg19_train_books)
-        else:
-            docs = embedded_documents(split)
-        ids: list[int] = []
-        for d in docs:
-            ids += tok.encode(d)
-        streams[split] = torch.tensor(ids, dtype=torch.int32)
-        docs_per_split[split] = len(docs)
-    meta = {"source": source, "tokenizer": tok.digest, "vocab_size": len(tok), "documents": docs_per_split,
-            "tokens": {s: int(t.numel()) for s, t in streams.items()}}
-    if source == "pg19":
-        meta["train_books"] = pg19_train_books
-    save_tensors(folder / "tokens.pt", streams)
-    atomic_write_json(folder / "meta.json", meta)  # last: marks a complete cache
-    return streams, meta
+    with build_lock(folder):  # two runs of one source may build it at once
+        if (folder / "meta.json").exists():
+            return load_tensors(folder / "tokens.pt"), json.loads((folder / "meta.json").read_text())
+        raw = data_dir(data_root) / "raw" / source
+        streams, docs_per_split = {}, {}
+        for split in SPLITS:
+            if source == "wt103-raw":
+                docs = wt103_raw_documents(raw, split)
+            elif source == "pg19":
+                docs = pg19_documents(raw, split, pg19_train_books)
+            else:
+                docs = embedded_documents(split)
+            ids: list[int] = []
+            for d in docs:
+                ids += tok.encode(d)
+            streams[split] = torch.tensor(ids, dtype=torch.int32)
+            docs_per_split[split] = len(docs)
+        meta = {"source": source, "tokenizer": tok.digest, "vocab_size": len(tok), "documents": docs_per_split,
+                "tokens": {s: int(t.numel()) for s, t in streams.items()}}
+        if source == "pg19":
+            meta["train_books"] = pg19_train_books
+        save_tensors(folder / "tokens.pt", streams)
+        atomic_write_json(folder / "meta.json", meta)  # last: marks a complete cache
+        return streams, meta
 
 
 class _Vocab:
