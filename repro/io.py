@@ -13,12 +13,29 @@ from typing import Any
 import torch
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (setting it to read it back is a race
+    with any thread that creates a file meanwhile)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; it replaces `path` only if the block finishes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    # mkstemp creates the file 0600; the published file gets the permissions any tool would give it (0666 less
+    # the user's umask), so that records and tables are readable by whoever reads the repository
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         yield Path(tmp)
