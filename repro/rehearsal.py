@@ -130,7 +130,7 @@ def rehearse(argv: list[str]) -> None:
     ws = work / "repo"
     t0 = time.time()
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
-    mirror.build(work / "mirror")
+    mirror.build_mirror(work / "mirror")
     make_workspace(root, ws)
     if args.jobs:
         import yaml
@@ -138,8 +138,9 @@ def rehearse(argv: list[str]) -> None:
         params = yaml.safe_load((ws / "params.yaml").read_text())
         params["jobs"] = args.jobs
         (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, width=120))
-    with mirror.serve(work / "mirror") as server:
-        env = {**os.environ, **mirror.environment(server, work / "mirror"),
+    # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
+    with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
+        env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
                "REPRO_DATA": str(work / "data"), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
         env.pop("REPRO_TEST_DATA", None)
         if args.subset == "ci" and not args.stages:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from repro.data import corpora, download as dl
-from repro.data.mirror import GPT2_VOCAB, build_mirror, environment, serve
+from repro.data.mirror import GPT2_VOCAB, REAL_VOCAB, build_mirror, environment, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +86,7 @@ def test_wikitext103(data, mirror):
     ids = c.splits["valid"][1 : 1 + len(first)].tolist()  # after the first (blank) line's <eos>
     assert [c.vocab.symbols[i] for i in ids] == first
     assert "<unk>" in c.vocab.index
+    assert len(c.vocab) == REAL_VOCAB["wt103"] == 267_735  # paper-size models on the mirror
 
 
 def test_enwik8_and_text8(data, mirror):
@@ -98,12 +99,14 @@ def test_enwik8_and_text8(data, mirror):
     raw = _member(root / "files/mattmahoney.net/dc/enwik8.zip", "enwik8")
     assert len(raw) == info["enwik8"]["bytes"] == 10**8
     assert {k: len(v) for k, v in c.splits.items()} == {"train": 90_000_000, "valid": 5_000_000, "test": 5_000_000}
-    assert len(c.vocab) == info["enwik8"]["distinct_bytes"]
+    assert len(c.vocab) == info["enwik8"]["distinct_bytes"] == REAL_VOCAB["enwik8"] == 205
+    assert len(c.splits["test"]) and raw.decode("utf-8")  # valid UTF-8, as the real file
     head = bytes(int(c.vocab.symbols[i]) for i in c.splits["test"][:200].tolist())
     assert head == raw[95_000_000:95_000_200]
     del c, raw
     raw = _member(root / "files/mattmahoney.net/dc/text8.zip", "text8")
     parts = corpora.text8_splits(sources.text8_bytes(data / "raw" / "text8"))
+    assert set(raw) == set(b"abcdefghijklmnopqrstuvwxyz ") and len(set(raw)) == REAL_VOCAB["text8"]
     assert parts == {"train": raw[:-10**7].strip(), "valid": raw[-10**7:-5 * 10**6].strip(),
                      "test": raw[-5 * 10**6:].strip()}
 
@@ -118,6 +121,7 @@ def test_one_billion_word(data, mirror):
     vocab_file = (root / "files/github.com/rafaljozefowicz/lm/raw/master/1b_word_vocab.txt").read_text()
     assert {line.split()[0] for line in vocab_file.splitlines()} <= set(c.vocab.symbols)
     assert (c.splits["test"] == c.vocab.index["<UNK>"]).any()  # the rarest words are not in the vocabulary
+    assert len(c.vocab) == len(vocab_file.splitlines()) == REAL_VOCAB["lm1b"]
 
 
 def test_ptb(data, mirror):
@@ -125,6 +129,7 @@ def test_ptb(data, mirror):
     c = corpora.load_corpus("ptb")
     for split, n in info.items():
         assert len(c.splits[split]) == n["words"] + n["lines"]
+    assert len(c.vocab) == REAL_VOCAB["ptb"] == 10_000
 
 
 def test_lra_tasks(data, mirror):

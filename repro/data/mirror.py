@@ -66,7 +66,7 @@ GPT2_REPO, PG19_REPO = "gpt2", "emozilla/pg19"
 GPT2_VOCAB = 50257
 GPT2_SHAPES = {"paper": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024},
                "small": {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 1024}}
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the real vocabulary sizes (REAL_VOCAB)
 _STAMP = "manifest.json"
 
 
@@ -132,6 +132,45 @@ def _unk(lines: list[str], counts: dict[str, int]) -> str:
     validation and test words are all in the training vocabulary)."""
     return "".join(" ".join(w if not w or counts.get(w, 0) > 1 else "<unk>" for w in line[:-1].split(" ")) + "\n"
                    for line in lines)
+
+
+# The real vocabularies, so that every paper model built on the mirror has its paper size (embedding and softmax
+# grow with the vocabulary): WikiText-103 267,735 (training types, <unk> among them, plus <eos>), PTB 10,000
+# (9,999 words plus <eos>), One Billion Word 793,471 lines of 1b_word_vocab.txt, enwik8 205 byte values, text8 27.
+REAL_VOCAB = {"wt103": 267_735, "ptb": 10_000, "lm1b": 793_471, "enwik8": 205, "text8": 27}
+
+
+def _lexicon(n: int, taken: set[str]) -> list[str]:
+    """`n` distinct made-up lower-case words outside `taken` ("qz" + a base-26 number: no generated word starts so)."""
+    out, i = [], 0
+    while len(out) < n:
+        k, w = i, ""
+        while True:
+            w = chr(97 + k % 26) + w
+            k //= 26
+            if not k:
+                break
+        i += 1
+        if "qz" + w not in taken:
+            out.append("qz" + w)
+    return out
+
+
+def _fill_bytes(chunk: bytes, target: int) -> bytes:
+    """`chunk` plus a line of valid UTF-8 characters that brings its distinct byte values to exactly `target`
+    (enwik8 is UTF-8: ASCII, continuation bytes 0x80-0xBF and lead bytes)."""
+    have = set(chunk)
+    extra = []
+    for cp in [9, *range(32, 127), *range(0x80, 0xD800), *range(0xE000, 0x110000)]:
+        if len(have) == target:
+            break
+        b = chr(cp).encode("utf-8")
+        if set(b) - have and len(have | set(b)) <= target:
+            have |= set(b)
+            extra.append(chr(cp))
+    if len(have) != target:
+        raise AssertionError(f"could not reach {target} distinct bytes (got {len(have)})")
+    return chunk + ("\n" + "".join(extra) + "\n").encode("utf-8")
 
 
 def _tile(chunk: bytes, size: int) -> bytes:
@@ -211,6 +250,13 @@ def _build_wikitext(root: Path, words: _Words, sizes: dict[str, int], info: dict
     counts: dict[str, int] = {}
     for w in "".join(lines["train"]).split():
         counts[w] = counts.get(w, 0) + 1
+    # the real number of types: one more article of made-up words, each twice (words seen once become <unk>)
+    types = {w for w, c in counts.items() if c > 1} | {"<unk>"}
+    extra = _lexicon(REAL_VOCAB["wt103"] - 1 - len(types), set(counts))
+    lines["train"] += [" = Lexicon = \n", " \n"] + [" " + " ".join(extra[i:i + 50] * 2) + " \n"
+                                                    for i in range(0, len(extra), 50)]
+    for w in extra:
+        counts[w] = 2
     raw = {s: "".join(v) for s, v in lines.items()}
     tok = {s: _unk(v, counts) for s, v in lines.items()}
     _zip(_files(root, WIKITEXT103_URLS[0]), {"wikitext-103/": b"", **{
@@ -226,8 +272,9 @@ def _build_wikitext(root: Path, words: _Words, sizes: dict[str, int], info: dict
 def _build_hutter(root: Path, words: _Words, info: dict) -> None:
     from repro.data.sources import ENWIK8_URLS, TEXT8_URLS
 
-    for name, url, chunk in (("enwik8", ENWIK8_URLS[0], _enwik8_chunk(words)),
-                             ("text8", TEXT8_URLS[0], _text8_chunk(words))):
+    text8 = _text8_chunk(words) + b" the quick brown fox jumps over the lazy dog"
+    for name, url, chunk in (("enwik8", ENWIK8_URLS[0], _fill_bytes(_enwik8_chunk(words), REAL_VOCAB["enwik8"])),
+                             ("text8", TEXT8_URLS[0], text8)):
         data = _tile(chunk, HUTTER_SIZE)
         _zip(_files(root, url), {name: data})
         info[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
@@ -256,6 +303,7 @@ def _build_lm1b(root: Path, words: _Words, info: dict) -> None:
     kept = [(w, c) for w, c in ranked if c > 2]
     lines = ["<S> 0", f"</S> {sum(1 for d in members.values() for _ in d.splitlines())}", "<UNK> 0"]
     lines += [f"{w} {c}" for w, c in kept]
+    lines += [f"{w} 1" for w in _lexicon(REAL_VOCAB["lm1b"] - len(lines), set(counts))]  # the real size
     path = _files(root, LM1B_VOCAB_URLS[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -280,6 +328,10 @@ def _build_ptb(root: Path, words: _Words, info: dict) -> None:
             s = [w if w in vocab else "<unk>" for w in words.sentence(4, 30)]
             s = [("N" if words.rng.random() < 0.05 else w) for w in s]
             lines.append(" " + " ".join(s) + " \n")
+        if split == "train":  # the real vocabulary: 9,999 training types (<unk> among them) plus <eos>
+            seen = {w for line in lines for w in line.split()}
+            extra = _lexicon(REAL_VOCAB["ptb"] - 1 - len(seen), seen)
+            lines += [" " + " ".join(extra[i:i + 20]) + " \n" for i in range(0, len(extra), 20)]
         text[split] = "".join(lines)
     members = {f"./simple-examples/data/ptb.{s}.txt": t.encode() for s, t in text.items()}
     members["./simple-examples/data/ptb.char.train.txt"] = " ".join(text["train"][:2000].replace(" ", "_")).encode()
