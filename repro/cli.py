@@ -35,6 +35,33 @@ LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 SEED = 1111  # the reference's default seed
 
 
+def quiet() -> None:
+    """Silence what a user cannot act on: Lightning's start-up block (seed, GPU/TPU availability, advertising
+    tips), MLflow's database set-up notes, and warnings about library internals (deprecations inside Lightning
+    and torch, a model summary's precision). The run's own lines — progress, one summary per run, errors — stay.
+    REPRO_VERBOSE=1 keeps everything."""
+    import logging
+    import warnings
+
+    if os.environ.get("REPRO_VERBOSE"):
+        return
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is imported (it sets its own level)
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.loggers.mlflow").setLevel(logging.ERROR)  # "Experiment … Creating it."
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+    for message in (r".*isinstance\(treespec, LeafSpec\).*", r".*is not supported by the model summary.*",
+                    r".*args parameter is intended to run from within Python.*", r".*weights_only.*",
+                    r".*does not have many workers.*", r".*Checkpoint directory .* exists and is not empty.*",
+                    r".*Found .* module\(s\) in eval mode.*", r".*The number of training batches.*",
+                    r".*callbacks used to create the checkpoint need to be provided.*"):
+        warnings.filterwarnings("ignore", message=message)
+
+
+quiet()
+
+
 def hardware() -> str:
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
@@ -92,11 +119,15 @@ class ReproCLI(LightningCLI):
             # to MLflow as an artifact instead (see `_start_tracking`).
             save_config_callback=None,
             # Segments must reach each rank in order: the automatic distributed sampler would scramble them.
-            trainer_defaults={"use_distributed_sampler": False, "logger": False},
+            # No model summary table (`repro describe` gives the parameters): a box of ~20 lines per run.
+            trainer_defaults={"use_distributed_sampler": False, "logger": False, "enable_model_summary": False},
             seed_everything_default=SEED,
             # The config, not the checkpoint's hyper-parameters, decides the run: an evaluation config must be
             # able to change the evaluation lengths of a trained model. The weights come from --ckpt_path.
             load_from_checkpoint_support=False,
+            # errors raise (and `main` prints them in one line) instead of printing the whole usage first
+            parser_kwargs={"exit_on_error": False, "prog": "repro",
+                           **{sub: {"exit_on_error": False} for sub in LIGHTNING_SUBCOMMANDS}},
             args=args,
             run=run,
             **kwargs,
@@ -189,17 +220,6 @@ class ReproCLI(LightningCLI):
 
             kwargs["default_root_dir"] = str(Path(run["checkpoint"]).parent if run.get("checkpoint")
                                              else repo_root() / "checkpoints")
-        if run.get("tracking", "mlflow") == "mlflow":
-            from lightning.pytorch.loggers import MLFlowLogger
-
-            from repro.tracking import artifact_location, run_tags
-
-            if not cfg.get("trainer", {}).get("logger"):
-                tags = run_tags(subcommand=str(self.subcommand), run=run, seed=cfg.get("seed_everything"),
-                                ckpt_path=cfg.get("ckpt_path"))
-                kwargs["logger"] = MLFlowLogger(experiment_name=run.get("paper") or "repro",
-                                                run_name=f"{self.subcommand}:{self._name()}", tracking_uri=tracking_uri(),
-                                                artifact_location=artifact_location(), tags=tags)
         trainer = super().instantiate_trainer(**kwargs)
         if self._in_steps and trainer.world_size > 1:
             raise _OwnProcess  # see `run_steps`
@@ -217,7 +237,26 @@ class ReproCLI(LightningCLI):
                 return lg
         return None
 
+    def _attach_mlflow(self) -> None:
+        """The MLflow logger joins the Trainer only now, after the checks of `_before`: constructing it creates the
+        database, and a command refused for a bad input leaves no file and no run behind."""
+        run = self._run_cfg()
+        cfg = self.config.get(str(self.subcommand), self.config)
+        if run.get("tracking", "mlflow") != "mlflow" or cfg.get("trainer", {}).get("logger"):
+            return
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        from repro.tracking import artifact_location, run_tags
+
+        tags = run_tags(subcommand=str(self.subcommand), run=run, seed=cfg.get("seed_everything"),
+                        ckpt_path=self.config_init[str(self.subcommand)].get("ckpt_path"))
+        self.trainer.loggers = [*self.trainer.loggers,
+                                MLFlowLogger(experiment_name=run.get("paper") or "repro",
+                                             run_name=f"{self.subcommand}:{self._name()}", tracking_uri=tracking_uri(),
+                                             artifact_location=artifact_location(), tags=tags)]
+
     def _start_tracking(self) -> None:
+        self._attach_mlflow()
         lg = self._mlflow()
         if lg is None or self.trainer.global_rank != 0:
             return
@@ -256,6 +295,10 @@ class ReproCLI(LightningCLI):
             raise ValueError(f"repro {sub} without --ckpt_path would score untrained weights: give --ckpt_path "
                              "CHECKPOINT (or --run.untrained true to score them on purpose)")
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
+        if self.trainer.local_rank == 0:
+            # data, downloads and tokenizers now, so that a missing one stops the command before its MLflow run
+            # exists (Lightning calls it again: a cache hit)
+            self.datamodule.prepare_data()
         self._start_tracking()
 
     def before_fit(self):
@@ -324,8 +367,22 @@ class ReproCLI(LightningCLI):
             from repro.io import atomic_write_json
 
             atomic_write_json(run["record"], record)
+        print(self._summary(stage, metrics, record["provenance"]), flush=True)
         if lg is not None:
             lg.experiment.log_dict(lg.run_id, record, f"record-{stage}.json")
+
+
+    def _summary(self, stage: str, metrics: dict[str, float], prov: dict[str, Any]) -> str:
+        """One line per finished run: `test tiny/char_txl  loss 1.234  ppl 3.43  bpc 1.780  (40,960 tokens, 12.3 s)`."""
+        prefix = {"fit": "val/", "validate": "val/", "test": "test/"}[stage]
+        shown = {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix) and k != f"{prefix}tokens"}
+        if stage == "fit" and "train/loss" in metrics:
+            shown = {"train loss": metrics["train/loss"], **{f"val {k}": v for k, v in shown.items()}}
+        parts = [f"{stage} {self._name()}", *(f"{k} {v:.4g}" for k, v in list(shown.items())[:6])]
+        tokens = metrics.get(f"{prefix}tokens")
+        extra = ([f"{int(tokens):,} tokens"] if tokens and stage != "fit" else []) + \
+            ([f"{prov['steps']} steps"] if stage == "fit" else []) + [f"{prov['wall_seconds']} s"]
+        return "  ".join(parts) + f"  ({', '.join(extra)})"
 
 
 def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: bool = False):
@@ -352,14 +409,22 @@ def run_steps(steps: list[str]) -> None:
     the rest."""
     import shlex
 
-    if not steps or any(s.strip() in ("-h", "--help") for s in steps):
-        raise SystemExit('usage: repro steps "fit -c CONFIG …" "test -c CONFIG … --ckpt_path …" …\n'
-                         "each quoted step is one `repro fit|validate|test` command, run in order in one process")
+    usage = ('usage: repro steps "fit -c CONFIG …" "test -c CONFIG … --ckpt_path …" …\n'
+             "each quoted step is one `repro fit|validate|test` command, run in order in one process")
+    if any(s.strip() in ("-h", "--help") for s in steps):
+        print(usage)
+        return
+    if not steps:
+        raise ValueError("repro steps needs at least one quoted step, e.g. "
+                         '"fit -c CONFIG --run.checkpoint A.ckpt" "test -c CONFIG --ckpt_path A.ckpt"')
     parsed = [shlex.split(s) for s in steps]
     for args in parsed:  # check every step before running the first, so a typo fails in seconds
         if not args or args[0] not in LIGHTNING_SUBCOMMANDS:
             raise ValueError(f"each step of `repro steps` starts with one of {', '.join(LIGHTNING_SUBCOMMANDS)}, "
                              f"got {' '.join(args)!r}")
+        from repro.io import check_config_files
+
+        check_config_files(args)
     argv = sys.argv
     try:
         for args in parsed:
@@ -381,17 +446,95 @@ def run_steps(steps: list[str]) -> None:
         ReproCLI._in_steps = False
 
 
+def _did_you_mean(class_path: str, key: str) -> str:
+    """The known key nearest to an unknown `key` (`model.n_layers` → `model.n_layer`) of the class `class_path`
+    (the constructor's parameters, then a dataclass parameter's fields), or ''."""
+    import dataclasses
+    import difflib
+    import importlib
+    import inspect
+    import typing
+
+    try:
+        module, name = class_path.rsplit(".", 1)
+        obj: Any = getattr(importlib.import_module(module), name)
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            if dataclasses.is_dataclass(obj):
+                known = {f.name: f.type for f in dataclasses.fields(obj)}
+                hints = typing.get_type_hints(obj)
+            else:
+                known = dict(inspect.signature(obj).parameters)
+                hints = typing.get_type_hints(obj.__init__)
+            if part not in known:
+                close = difflib.get_close_matches(part, list(known), n=1)
+                return ".".join([*parts[:i], close[0]]) if close else ""
+            nxt = hints.get(part)
+            options = [t for t in typing.get_args(nxt) if dataclasses.is_dataclass(t)] or [nxt]
+            obj = options[0]
+    except Exception:  # a suggestion is a courtesy: never let it hide the error itself
+        return ""
+    return ""
+
+
+def one_line(message: str) -> str:
+    """A jsonargparse error in one line: the inner message of a nested (Union) error, without the namespace dump;
+    an unknown key with a suggestion."""
+    import re
+
+    text = str(message)
+    unknown = re.search(r"class_path '([\w.]+)':\s*unrecognized arguments: --([\w.]+)", text)
+    if unknown:
+        cls, key = unknown.groups()
+        outer = re.search(r'Parser key "([\w.]+)"', text)
+        full = f"{outer.group(1)}.init_args.{key}" if outer else key
+        near = _did_you_mean(cls, key)
+        hint = f" (did you mean --{full[: len(full) - len(key)]}{near}?)" if near else ""
+        return f"unknown option --{full} for {cls.rsplit('.', 1)[-1]}{hint}"
+    unknown = re.search(r"unrecognized arguments: --(trainer|run)\.([\w.]+)", text)
+    if unknown:
+        import difflib
+
+        group, key = unknown.groups()
+        if group == "trainer":
+            import inspect
+
+            from lightning.pytorch import Trainer
+
+            known = list(inspect.signature(Trainer).parameters)
+        else:
+            known = ["paper", "experiment", "profile", "record", "checkpoint", "curves", "tracking",
+                     "last_every_steps", "last_every_minutes", "resume", "untrained"]
+        near = difflib.get_close_matches(key, known, n=1)
+        return f"unknown option --{group}.{key}" + (f" (did you mean --{group}.{near[0]}?)" if near else "")
+    literal = re.search(r'Parser key "([\w.]+)":\s*Expected a typing.Literal\[(.*?)\]\. Got value: (.*)', text)
+    if literal:
+        return f"--{literal.group(1)} is one of {literal.group(2)}, got {literal.group(3).strip()!r}"
+    if "Does not validate against any of the Union subtypes" in text:
+        inner = [m.strip()[2:] for m in text.splitlines() if m.strip().startswith("- ")
+                 and "Expected a <class 'NoneType'>" not in m]
+        key = re.search(r'Parser key "([\w.]+)"', text)
+        if inner:
+            return (f"{key.group(1)}: " if key else "") + inner[0]
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith(("Given value", "Subtypes"))]
+    out = " ".join(lines)
+    out = re.sub(r'^Parser key "([\w.]+)":\s*', r"--\1: ", out)
+    return out[:400]
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Errors the user can act on (no data, bad checksum, impossible settings) end with their message alone;
-    REPRO_DEBUG=1 shows the traceback."""
+    """Errors the user can act on (no data, bad checksum, impossible settings, a bad option or config file) end
+    with one line that names the problem and the fix; REPRO_DEBUG=1 shows the traceback."""
+    from argparse import ArgumentError
+
     from repro.data.download import ArchiveError, ChecksumError, DownloadError
 
     try:
         _main(argv)
-    except (DownloadError, ChecksumError, ArchiveError, ValueError) as err:
+    except (DownloadError, ChecksumError, ArchiveError, ValueError, ArgumentError) as err:
         if os.environ.get("REPRO_DEBUG"):
             raise
-        print(f"error: {err}\n(set REPRO_DEBUG=1 to see the traceback)", file=sys.stderr)
+        print(f"error: {one_line(str(err))}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -399,6 +542,9 @@ def _main(argv: list[str] | None) -> None:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LIGHTNING_SUBCOMMANDS:
+        from repro.io import check_config_files
+
+        check_config_files(argv)
         if from_shell:
             sys.argv = [sys.argv[0], *argv]  # `python -m repro fit …` and `repro fit …` alike
         ReproCLI(args=None if from_shell else argv)

@@ -38,6 +38,10 @@ def describe_configs(paths: list[str]) -> list[dict]:
 
 
 def _describe(args) -> None:
+    from repro.io import check_config_files
+
+    for path in args.config:
+        check_config_files(["-c", path])
     for row in describe_configs(args.config):
         print(json.dumps(row), flush=True)
 
@@ -91,12 +95,33 @@ def _tables(args) -> None:
         T.log_to_mlflow(args.paper, tables, paths, results)
 
 
-def main(argv: list[str]) -> None:
-    from repro import cli
+PAPERS = ("transformer_xl", "infinity_former", "lamemo", "mgk")
 
-    parser = argparse.ArgumentParser(prog="repro", description=cli.__doc__,
+USAGE = """one command line for every paper (README.md, "The command line"):
+
+  repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.* ...] [--run.* ...]   the Lightning CLI
+  repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."     several runs, one process
+  repro runs --paper P --profile tiny --group G CONFIG[+VARIANT][@SEED] ...          a DVC stage's experiments
+
+`repro fit --help` lists every option of a run (`--run.checkpoint`, `--run.resume`, `--run.tracking`, ...);
+`repro COMMAND --help` the options of any other command. REPRO_DEBUG=1 shows tracebacks, REPRO_VERBOSE=1
+Lightning's and MLflow's own messages."""
+
+# the commands that `repro.entry` routes before this parser (listed here for `repro --help`)
+ROUTED = {"fit": "train (Lightning CLI; `repro fit --help` lists every option)",
+          "validate": "evaluate a checkpoint on the validation split (Lightning CLI)",
+          "test": "evaluate a checkpoint on the test split (Lightning CLI)",
+          "steps": "several quoted fit|validate|test commands in order, in one process",
+          "runs": "the fit and tests of every experiment of a group (a DVC stage)",
+          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.rehearsal)"}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="repro", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,steps,describe,bench,prepare,tables,recl,generate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in ROUTED.items():
+        sub.add_parser(name, help=text, add_help=False)
     d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
     d.add_argument("config", nargs="+")
     d.set_defaults(func=_describe)
@@ -128,7 +153,7 @@ def main(argv: list[str]) -> None:
     p.set_defaults(func=_prepare)
 
     t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
-    t.add_argument("paper")
+    t.add_argument("paper", choices=PAPERS, help=f"one of {', '.join(PAPERS)}")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
 

@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> None:
     import what they use. Errors the user can act on end with their message alone; REPRO_DEBUG=1 shows the
     traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _at_repository_root(args[0] if args else "")
     if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
         from repro.cli import main
 
@@ -39,5 +40,22 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         if os.environ.get("REPRO_DEBUG"):
             raise
-        print(f"error: {err}\n(set REPRO_DEBUG=1 to see the traceback)", file=sys.stderr)
+        print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _at_repository_root(command: str) -> None:
+    """Run from a subdirectory of the repository, a command writes where it would from the root: data to
+    `<root>/data` (unless $REPRO_DATA says otherwise) and runs to `<root>/mlflow.db` (`repro.tracking`); the
+    pipeline commands (`runs`, `tables`), whose paths are relative to the root, run there. The
+    user's own paths (configs, checkpoints) keep their meaning."""
+    from repro.tracking import repo_root
+
+    root, here = repo_root(), os.getcwd()
+    if os.path.samefile(root, here) or not (root / "dvc.yaml").is_file():
+        return
+    if not os.environ.get("REPRO_DATA"):
+        os.environ["REPRO_DATA"] = str(root / "data")
+    if command in ("runs", "tables"):
+        os.chdir(root)
+        print(f"repro: running in the repository root {root}", file=sys.stderr, flush=True)

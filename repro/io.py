@@ -147,3 +147,22 @@ def check_checkpoint(path: str | os.PathLike, model: torch.nn.Module) -> dict[st
         raise ValueError(f"--ckpt_path {path}{origin} does not fit this config's {type(model).__name__}: "
                          f"{'; '.join(parts)}; give the config it was trained with")
     return info
+
+
+def check_config_files(args: list[str]) -> None:
+    """Every `-c/--config FILE` of a command line exists and is valid YAML — checked before the command parser
+    sees it, which reports a missing file after its whole usage and a syntax error without the file's name."""
+    import yaml
+
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-c", "--config")]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
+    for p in paths:
+        if not Path(p).is_file():
+            raise ValueError(f"config file {p} does not exist (configs are in configs/<paper>/<profile>/)")
+        try:
+            yaml.safe_load(Path(p).read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"config file {p} is not valid YAML{where}: {problem}") from None

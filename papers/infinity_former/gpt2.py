@@ -543,12 +543,17 @@ class GPT2WithMemory(nn.Module):
         its vocabulary (the dialogue's special tokens) keep their initialisation; the memories are new."""
         from transformers import GPT2LMHeadModel
 
+        from repro.text.tokenizer import HUB_HELP, hub_offline
+
         name = self.settings.pretrained
+        offline = not Path(name).is_dir() and hub_offline()  # fail at once, not after the hub's retries
         try:
-            src = GPT2LMHeadModel.from_pretrained(name).state_dict()
+            src = GPT2LMHeadModel.from_pretrained(name, local_files_only=offline).state_dict()
         except Exception as err:
-            raise ValueError(f"could not load the pretrained {name!r} weights from the Hugging Face hub ({err}); the "
-                             "paper profile needs network access once (or a filled hub cache, HF_HOME)") from err
+            why = "the hub is unreachable and the cache lacks them" if offline else type(err).__name__
+            raise ValueError(f"this config needs the pretrained {name!r} weights (model.safetensors or "
+                             f"pytorch_model.bin) from the Hugging Face hub ({why}): {HUB_HELP}; or give "
+                             "model.pretrained a directory written by save_pretrained") from err
         own = self.lm.state_dict()
         renamed = {}
         for key, value in src.items():

@@ -27,6 +27,34 @@ SPECIAL_TOKENS = ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>"
 PRETRAINED_SIZES = {"gpt2": 50257}
 
 
+HUB_HELP = ("run once with network access to fill the Hugging Face cache ($HF_HOME, default "
+            "~/.cache/huggingface), copy a cache filled elsewhere there, or set HF_ENDPOINT to a reachable mirror")
+
+
+def hub_offline(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub must be used offline (its cache only): HF_HUB_OFFLINE is set, or the hub's host
+    does not answer within `timeout` s — then HF_HUB_OFFLINE is set for this process, so that a missing file fails
+    at once instead of after ~23 s of retries per file."""
+    import socket
+    import urllib.parse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return True
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+        return False
+    except OSError:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        try:  # read at import: set it there too if the library is loaded already
+            import huggingface_hub.constants as hub_constants
+
+            hub_constants.HF_HUB_OFFLINE = True
+        except ImportError:
+            pass
+        return True
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
     kind: Literal["pretrained", "bpe", "file"] = "bpe"
@@ -109,13 +137,18 @@ def load_tokenizer(spec: TokenizerSpec | dict, data_root: str | os.PathLike | No
             raise ValueError(f"tokenizer file {spec.name!r} does not exist (a `tokenizers` JSON, Tokenizer.save)")
         return TextTokenizer(Tokenizer.from_file(spec.name), spec)
     if spec.kind == "pretrained":
+        offline = hub_offline()
         try:
-            tok = Tokenizer.from_pretrained(spec.name)
+            if offline:
+                from huggingface_hub import hf_hub_download
+
+                tok = Tokenizer.from_file(hf_hub_download(spec.name, "tokenizer.json", local_files_only=True))
+            else:
+                tok = Tokenizer.from_pretrained(spec.name)
         except Exception as err:  # no network, no cache
-            raise ValueError(
-                f"could not load the pretrained tokenizer {spec.name!r} from the Hugging Face hub ({err}); the paper "
-                "profile needs network access once (or a filled hub cache, HF_HOME)"
-            ) from err
+            why = "the hub is unreachable and the cache lacks it" if offline else type(err).__name__
+            raise ValueError(f"this config needs the pretrained tokenizer {spec.name!r} (tokenizer.json) from the "
+                             f"Hugging Face hub ({why}): {HUB_HELP}") from err
         out = TextTokenizer(tok, spec)
         if expected_size(spec) not in (None, len(out)):
             raise ValueError(f"the {spec.name!r} tokenizer has {len(out)} symbols, {expected_size(spec)} were expected")

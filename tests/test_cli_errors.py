@@ -1,0 +1,153 @@
+"""Every user error is one line that names the problem and the fix, exits non-zero, and leaves nothing behind:
+no MLflow database or run, no file in the working directory. Through the `repro` entry point, in this process
+(tracking on, pointed at a database that must not appear)."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from repro.entry import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs/transformer_xl/tiny/enwik8_12l.yaml")
+LAMEMO = os.path.join(ROOT, "configs/lamemo/tiny/char_lamemo.yaml")
+
+
+@pytest.fixture
+def clean(tmp_path, monkeypatch):
+    """Runs in an empty folder with tracking into it; after the command, asserts that nothing was created."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")
+    yield work
+    assert sorted(os.listdir(work)) == [], "a refused command created files"
+
+
+def _one_line_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code not in (0, None)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and "Traceback" not in lines[0]
+    return lines[0]
+
+
+def _checkpoint(config, path, **extra):
+    from repro.cli import build
+
+    model = build([config]).model
+    torch.save({"state_dict": model.state_dict(), "repro": {"module_class": f"{type(model).__module__}."
+                f"{type(model).__qualname__}", "n_token": model.n_token}, **extra}, path)
+
+
+@pytest.fixture(scope="module")
+def good_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "txl.ckpt"
+    _checkpoint(TINY, path)
+    return path
+
+
+def test_missing_checkpoint(clean, capsys):
+    line = _one_line_error(capsys, ["test", "-c", TINY, "--ckpt_path", "nowhere.ckpt"])
+    assert "nowhere.ckpt: no such file" in line and "--run.checkpoint" in line
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random"])
+def test_unreadable_checkpoint(clean, capsys, good_ckpt, tmp_path, damage):
+    bad = tmp_path / f"{damage}.ckpt"
+    data = good_ckpt.read_bytes()
+    bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(4096))
+    line = _one_line_error(capsys, ["test", "-c", TINY, "--ckpt_path", str(bad)])
+    assert "is not a readable checkpoint" in line and "weights_only=False" not in line
+
+
+def test_checkpoint_of_another_model_is_named(clean, capsys, tmp_path):
+    other = tmp_path / "lamemo.ckpt"
+    _checkpoint(LAMEMO, other, repro_run={"module_class": "papers.lamemo.module.LaMemoLM", "paper": "lamemo",
+                                          "experiment": "char_lamemo"})
+    line = _one_line_error(capsys, ["test", "-c", TINY, "--ckpt_path", str(other)])
+    assert "holds a papers.lamemo.module.LaMemoLM (paper lamemo, experiment char_lamemo)" in line
+    assert "this config builds a papers.transformer_xl.module.TransformerXLLM" in line
+
+
+def test_checkpoint_of_other_shapes(clean, capsys, good_ckpt):
+    line = _one_line_error(capsys, ["test", "-c", TINY, "--ckpt_path", str(good_ckpt),
+                                    "--model.init_args.model.n_layer", "2"])
+    assert "does not fit this config's TransformerXLLM" in line and "unknown weights" in line
+
+
+@pytest.mark.parametrize("override,message", [
+    (["--model.init_args.model.n_layers", "3"],
+     "unknown option --model.init_args.model.n_layers for TransformerXLLM (did you mean --model.init_args.model.n_layer?)"),
+    (["--model.init_args.memory.mem_len", "-5"], "mem_len must be ≥ 0, got -5"),
+    (["--data.init_args.corpus", "nope"], "unknown corpus 'nope'; the registry has: embedded-char"),
+    (["--run.tracking", "mlfow"], "--run.tracking is one of 'mlflow', 'none', got 'mlfow'"),
+    (["--trainer.max_stepz", "3"], "unknown option --trainer.max_stepz (did you mean --trainer.max_steps?)"),
+])
+def test_bad_settings(clean, capsys, override, message):
+    line = _one_line_error(capsys, ["fit", "-c", TINY, *override])
+    assert message in line and "Namespace(" not in line and len(line) < 300
+
+
+def test_yaml_syntax_error_names_the_file(clean, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run:\n  paper: [x\nmodel: {\n")
+    line = _one_line_error(capsys, ["fit", "-c", str(bad)])
+    assert f"config file {bad} is not valid YAML, line 3" in line
+
+
+@pytest.mark.parametrize("command", [["fit", "-c"], ["describe"], ["steps", "fit -c"]])
+def test_missing_config_file(clean, capsys, command):
+    *head, last = command
+    argv = [*head, f"{last} nope.yaml"] if command[0] == "steps" else [*command, "nope.yaml"]
+    line = _one_line_error(capsys, argv)
+    assert "config file nope.yaml does not exist" in line
+
+
+def test_test_without_a_checkpoint_is_refused(clean, capsys):
+    line = _one_line_error(capsys, ["test", "-c", TINY])
+    assert "without --ckpt_path would score untrained weights" in line and "--run.untrained true" in line
+
+
+def test_a_subdirectory_writes_where_the_root_does(monkeypatch, tmp_path):
+    from repro import entry, tracking
+
+    monkeypatch.chdir(os.path.join(ROOT, "papers"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.delenv("REPRO_DATA")
+    tracking.repo_root.cache_clear()
+    try:
+        entry._at_repository_root("describe")
+        assert os.environ["REPRO_DATA"] == os.path.join(ROOT, "data")
+        assert tracking.tracking_uri() == f"sqlite:///{os.path.join(ROOT, 'mlflow.db')}"
+        assert tracking.artifact_location() == f"file://{os.path.join(ROOT, 'mlruns')}"
+    finally:
+        tracking.repo_root.cache_clear()
+
+
+def test_offline_pretrained_tokenizer_says_what_is_needed_at_once(monkeypatch, tmp_path):
+    from repro.text.tokenizer import load_tokenizer
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    t0 = time.time()
+    with pytest.raises(ValueError) as err:
+        load_tokenizer({"kind": "pretrained", "name": "gpt2"})
+    assert time.time() - t0 < 5  # no retries against an unreachable hub
+    text = str(err.value)
+    assert "'gpt2' (tokenizer.json)" in text and "HF_HOME" in text and "HF_ENDPOINT" in text
+
+
+def test_an_unreachable_hub_is_detected_and_set_offline(monkeypatch):
+    from repro.text import tokenizer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    t0 = time.time()
+    assert tokenizer.hub_offline(timeout=1.0)
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and time.time() - t0 < 3
