@@ -190,3 +190,33 @@ def test_perplexity_average_is_the_official_ignite_loss():
     assert T.official_mean_nll(weighted, weight) == pytest.approx(official, abs=1e-6, rel=0)
     # our per-token average is another number
     assert abs(per_token_sum / per_token_n - official) > 100 * TOLERANCE
+
+
+def test_eval_step_weights_each_conversation_by_the_official_label_positions():
+    """`GPT2MemoryLM._eval_step` over our pieces (targets across the cuts) gives every conversation the weight the
+    official `DoGDataset` + `inference` pass to ignite: L − ceil(L / block) for L tokens."""
+    from papers.infinity_former.gpt2 import GPT2MemoryLM
+    from repro.metrics.lm import TokenNLL
+
+    block = 8
+    lengths, scored_every = [30, 9, 17], 3
+    encs = [D.Encoded(ids=list(range(n)), types=[0] * n, scored=[i % scored_every == 0 for i in range(n)],
+                      starts=[], spans=[]) for n in lengths]
+    chunks = [c for e in encs for c in D.conversation_chunks(e, block, train=False)]
+    stub = SimpleNamespace(trainer=SimpleNamespace(datamodule=SimpleNamespace(block_size=block)),
+                           settings=SimpleNamespace(n_positions=1024), nll_metrics={"test": TokenNLL()})
+    # a stand-in NLL: 1 + the target id / 10, on the scored positions
+    stub._run = lambda split, batch: ((1 + batch.target.clamp(min=0) / 10).float(), batch.target != D.IGNORE)
+    for chunk in chunks:
+        GPT2MemoryLM._eval_step(stub, "test", chunk)
+    weighted, weight, conversations = stub.__dict__["_conversation_nll"].totals()
+    expected_w, expected_sum = 0, 0.0
+    for e, n in zip(encs, lengths):
+        targets = [t for t, s in zip(e.ids[1:], e.scored[1:]) if s]
+        positions = n - -(-n // block)
+        expected_w += positions
+        expected_sum += positions * sum(1 + t / 10 for t in targets) / len(targets)
+    assert (weight, conversations) == (expected_w, len(lengths))
+    assert weighted == pytest.approx(expected_sum, rel=1e-6)
+    per_token = float(stub.nll_metrics["test"].compute()["mean_nll"])
+    assert abs(weighted / weight - per_token) > 100 * TOLERANCE  # the two averages differ on this example
