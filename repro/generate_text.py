@@ -1,6 +1,6 @@
 """Seeded nucleus sampling (Holtzman et al., 2020), the decoding of the ∞-former dialogue experiment.
 
-PAPERS.md §2: top-p 0.9, temperature 1, at most 50 tokens, responses with ≥ 2 previous utterances. The nucleus
+PAPERS.md §2: top-p 0.9, temperature 1, at most 50 tokens, responses with ≥ 3 previous utterances (the official eval.py). The nucleus
 is the smallest set of most probable tokens whose probability reaches `top_p` (the most probable token is always
 in it); the next token is drawn from the distribution renormalised over the nucleus, with a `torch.Generator`
 owned by the caller, so a seed fixes every draw.

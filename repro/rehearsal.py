@@ -4,7 +4,7 @@
 the real download code fetches every source from a local mirror of miniature files in the real formats
 (`repro.data.mirror`, served on 127.0.0.1), the real data, training, evaluation, benchmark and table code runs
 every paper config at its paper size and with its protocol, and what shrinks is only how much is trained and
-measured: `configs/rehearsal/` caps each experiment at 2 optimiser steps and a few evaluation batches (and shrinks
+measured: `configs/rehearsal/` caps each experiment at 2 training batches and a few evaluation batches (and shrinks
 batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA seed lists.
 
 It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
@@ -131,6 +131,14 @@ def rehearse(argv: list[str]) -> None:
     t0 = time.time()
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
     mirror.build_mirror(work / "mirror")
+    # data built from this mirror's files (a rebuilt mirror has other checksums: its data start afresh)
+    import hashlib
+
+    stamp = hashlib.sha256((work / "mirror" / "manifest.json").read_bytes()).hexdigest()[:12]
+    data = work / f"data-{stamp}"
+    for old in work.glob("data-*"):
+        if old != data:
+            shutil.rmtree(old)
     make_workspace(root, ws)
     if args.jobs:
         import yaml
@@ -141,7 +149,7 @@ def rehearse(argv: list[str]) -> None:
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
         env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
-               "REPRO_DATA": str(work / "data"), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
+               "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
         env.pop("REPRO_TEST_DATA", None)
         if args.subset == "ci" and not args.stages:
             plan = [(s, True) for s in CI_SUBSET]

@@ -37,7 +37,7 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
                ) -> list[tuple[list[str], tuple[str, str, str] | None]]:
     """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
     spec carries the after-run arguments (config, checkpoint, experiment). `rehearsal` composes the rehearsal
-    configs (`repro.rehearsal.config_overrides`: 2 steps, a few evaluation batches) after each step's own."""
+    configs (`repro.rehearsal.config_overrides`: 2 training batches, a few evaluation batches) after each step's own."""
     from repro.rehearsal import config_overrides
 
     base = Path(configs_root) / paper / profile
@@ -126,11 +126,18 @@ def _run_specs(args, specs: list[str]) -> None:
         torch.set_num_threads(args.threads)
     after = importlib.import_module(args.after).after_run if args.after else None
     rec_dir = str(group_dirs(args.paper, args.profile, args.group)[1])
+    lines: list[str] = []
     for step, post in runs_steps(args.paper, args.profile, args.group, specs, tests=args.tests,
                                  rehearsal=args.rehearsal == "true"):
-        run_steps([shlex.join(step)])
-        if post is not None and after is not None:
-            after(*post, rec_dir)
+        lines += run_steps([shlex.join(step)], quiet=True)
+        if post is not None:
+            if after is not None:
+                after(*post, rec_dir)
+            # one line per experiment: its runs' summaries, the experiment's name said once
+            exp = post[2]
+            parts = [line.replace(f" {args.profile}/{exp}", "", 1) for line in lines]
+            print(f"{exp}: " + " | ".join(parts), flush=True)
+            lines = []
 
 
 def _next_spec(queue: Path) -> str | None:
@@ -149,8 +156,7 @@ def _next_spec(queue: Path) -> str | None:
 
 
 def _work_queue(args) -> None:
-    while (spec := _next_spec(Path(args.queue))) is not None:
-        print(f"repro runs: {spec}", flush=True)
+    while (spec := _next_spec(Path(args.queue))) is not None:  # each experiment prints its own summary line
         _run_specs(args, [spec])
 
 

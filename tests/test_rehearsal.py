@@ -39,7 +39,10 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
     assert _flat(rehearsed.config["model"]) == _flat(plain.config["model"])
     for key in PROTOCOL_KEYS:
         assert rehearsed.config["data"]["init_args"].get(key) == plain.config["data"]["init_args"].get(key)
-    assert rehearsed.config["trainer"]["max_steps"] == 2 and rehearsed.config["run"]["rehearsal"] is True
+    # two batches of one epoch; the schedule's horizon (max_steps) stays the paper's
+    t = rehearsed.config["trainer"]
+    assert t["limit_train_batches"] == 2 and t["max_epochs"] == 1 and rehearsed.config["run"]["rehearsal"] is True
+    assert t["max_steps"] == plain.config["trainer"]["max_steps"]
 
 
 def test_every_rehearsal_override_names_a_data_module_of_the_paper_configs():
