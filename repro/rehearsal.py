@@ -39,6 +39,11 @@ CI_SUBSET = [
 ]
 
 
+# Each paper's main model, fitted by 2 DDP processes in the full rehearsal (`--ddp`).
+DDP_RUNS = [("transformer_xl", "wt103_base"), ("lamemo", "enwik8_lamemo"), ("infinity_former", "sort_4000_infty"),
+            ("mgk", "wt103_mgk4")]
+
+
 def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
     """`-c` arguments that turn a paper experiment into its rehearsal: the trainer caps, then the file named after
     the config's data module (`configs/rehearsal/<DataModule>.yaml`), when there is one."""
@@ -110,6 +115,22 @@ def _stages(ws: Path, env: dict) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> dict:
+    """A paper-size experiment of the rehearsal in 2 processes (DDP over gloo on the CPU, as on a GPU node: each rank
+    holds its shard of the memory streams); returns its fit record."""
+    cfg = Path("configs") / paper / "paper" / f"{config}.yaml"
+    record = out / f"{paper}.{config}.ddp.fit.json"
+    cmd = ["repro", "fit", "-c", str(cfg), *config_overrides(cfg), "--trainer.accelerator", "cpu",
+           "--trainer.devices", "2", "--trainer.strategy", "ddp", "--run.tracking", "none",
+           "--run.record", str(record)]
+    done = subprocess.run(cmd, cwd=ws, env={**env, "OMP_NUM_THREADS": "1"})
+    if done.returncode:
+        raise RuntimeError(f"exit {done.returncode}")
+    import json
+
+    return json.loads(record.read_text())
+
+
 def rehearse(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="repro rehearse", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,8 +138,13 @@ def rehearse(argv: list[str]) -> None:
     ap.add_argument("--subset", choices=["all", "ci"], default="all",
                     help="all: every stage; ci: one full-size experiment per paper, download to table")
     ap.add_argument("--stages", nargs="*", help="only these stages (shell globs over `dvc stage list` names)")
+    ap.add_argument("--ddp", choices=["auto", "yes", "no"], default="auto",
+                    help="2-process DDP (gloo) fits of each paper's main model (auto: with --subset all)")
+    ap.add_argument("--keep-going", action="store_true", help="run every stage even after one failed")
     ap.add_argument("--jobs", type=int, help="worker processes per group (default: params.rehearsal.yaml)")
     args = ap.parse_args(argv)
+
+    import json
 
     from repro.data import mirror
 
@@ -146,10 +172,12 @@ def rehearse(argv: list[str]) -> None:
         params = yaml.safe_load((ws / "params.yaml").read_text())
         params["jobs"] = args.jobs
         (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, width=120))
+    summary: list[dict] = []
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
         env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
-               "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
+               "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+               "DVC_NO_ANALYTICS": "1"}
         env.pop("REPRO_TEST_DATA", None)
         if args.subset == "ci" and not args.stages:
             plan = [(s, True) for s in CI_SUBSET]
@@ -162,13 +190,35 @@ def rehearse(argv: list[str]) -> None:
             t = time.time()
             cmd = ["dvc", "repro", *(["-s"] if single else []), name]
             done = subprocess.run(cmd, cwd=ws, env=env)
-            if done.returncode:
-                raise SystemExit(f"rehearse: stage {name} failed (exit {done.returncode}) after {time.time() - t:.0f} s;"
-                                 f" its output is above; the workspace is {ws}")
-            print(f"rehearse: {name} done in {time.time() - t:.0f} s", flush=True)
-    tables = sorted(str(p.relative_to(ws)) for p in ws.glob("results/*/*.md"))
-    print(f"rehearse: {len(plan)} stages in {(time.time() - t0) / 60:.1f} min; tables with the rehearsal's paper "
-          f"column: {ws}/results/<paper>/*.md ({len(tables)} files)", flush=True)
+            summary.append({"stage": name, "seconds": round(time.time() - t), "exit": done.returncode})
+            print(f"rehearse: {name} {'done' if not done.returncode else 'FAILED'} in {time.time() - t:.0f} s",
+                  flush=True)
+            if done.returncode and not args.keep_going:
+                break
+        if args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages):
+            (work / "ddp").mkdir(exist_ok=True)
+            for paper, config in DDP_RUNS:
+                print(f"rehearse: DDP, 2 processes: {paper}/{config}", flush=True)
+                t = time.time()
+                try:
+                    rec = ddp_fit(ws, env, paper, config, work / "ddp")
+                    ok = rec["provenance"]["devices"] == 2
+                except (RuntimeError, OSError, KeyError, ValueError) as err:
+                    print(f"rehearse: DDP {paper}/{config}: {err}", flush=True)
+                    ok = False
+                summary.append({"stage": f"ddp:{paper}/{config}", "seconds": round(time.time() - t), "exit": 0 if ok else 1})
+                if not ok and not args.keep_going:
+                    break
+    from repro.io import atomic_write_json
+
+    atomic_write_json(work / "summary.json", {"minutes": round((time.time() - t0) / 60, 1), "stages": summary})
+    failed = [r["stage"] for r in summary if r["exit"]]
+    tables = sorted(ws.glob("results/*/*.md"))
+    print(f"rehearse: {len(summary)} steps in {(time.time() - t0) / 60:.1f} min, {len(failed)} failed"
+          f"{': ' + ', '.join(failed) if failed else ''}; tables with the rehearsal's paper column: "
+          f"{ws}/results/<paper>/*.md ({len(tables)} files); summary {work / 'summary.json'}", flush=True)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
