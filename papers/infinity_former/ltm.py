@@ -26,8 +26,8 @@ Details taken from the official code (deep-spin/infinite-former, `sorting/long_t
 - E_p[ψ_j] is the integral over the whole real line: N(μ; μ_j, σ² + σ_j²).
 - The regression is padded: F is also evaluated at positions outside [0, 1] where the signal is taken to be zero
   (a grid of spacing 1/n, n/2 points on each side for n fitted positions), so the fit does not bend at the edges;
-  only the rows of G of the real positions are kept. For an even number n of evenly spaced positions
-  ((i + ½)/n) our grid is the official one exactly.
+  only the rows of G of the real positions are kept. For a first fit of n evenly spaced positions ((i + ½)/n)
+  our grid is the official one exactly (even and odd n); for an update see `grid` below.
 - Centres: N/|widths| points on linspace(0, 1) for each width. σ² is clamped at ≥ 1e-6 (sorting; `min_var`),
   ≥ 1e-4 in both official GPT-2 codes (`finetune_gpt2`, `document_grounded_generation`).
 - The update puts the M old samples at t = kτ/M (k = 1..M), read from the old signal at k/M, and the P new
@@ -45,8 +45,11 @@ Deviations from the official code (see papers/infinity_former/README.md):
   correct KL divergence.
 - The regression and the continuous attention run in float32 even under bf16 autocast (G has entries of both
   signs and the fit is a long sum: bf16 would lose it).
-- The official padding grid for the update (M + P positions) uses shift 1/(2P + M) and a slice that assumes
-  exactly (M + P)/2 pad points per side; ours builds the pad grid with spacing 1/(M + P) directly.
+- The update's padding grid (`grid`): the official G for the update (M + P positions) takes its pads from
+  linspace(−½ + s, 3/2 − s, 2(M + P)) with s = 1/(2P + M) (`grid: official`, the paper configs): (M + P)/2 pads on
+  each side, 0.26–0.45 of a spacing from the boundary. `grid: ours` (the default) applies the official first-fit
+  recipe (s = 1/(2n) for n positions) to the M + P update positions: spacing 1/(M + P), the first pad half a
+  spacing out — what s = 1/(2(P + M)) would have given, so we read 1/(2P + M) as a slip. The fits are identical.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class LTMConfig:
     mu_0: float | None = None
     min_var: float = 1e-6  # σ² clamp: 1e-6 in the official sorting code, 1e-4 in both official GPT-2 codes
     pad_regression: bool = True  # zero padding outside [0, 1] in the regression (official)
+    # the update's pad grid (`pad_positions`): `official` = the official G_inf (shift 1/(2P + M)), the paper
+    # configs; `ours` = the official first-fit grid applied to the M + P update positions (spacing 1/(M + P))
+    grid: Literal["official", "ours"] = "ours"
     # N(0, init_std) for the key / value / μ / σ² / output linear maps; None: PyTorch's default. The official GPT-2
     # codes build the LTM inside `GPT2PreTrainedModel`, whose `_init_weights` draws every nn.Linear from
     # N(0, initializer_range = 0.02); the gate (a torch.nn.Conv1d, not GPT-2's Conv1D) keeps PyTorch's default
@@ -102,6 +108,8 @@ class LTMConfig:
             raise ValueError("ltm.n_samples and ltm.n_bins must be positive")
         if self.sampling not in ("linear", "sticky"):
             raise ValueError(f"ltm.sampling is 'linear' or 'sticky', got {self.sampling!r}")
+        if self.grid not in ("official", "ours"):
+            raise ValueError(f"ltm.grid is 'official' or 'ours', got {self.grid!r}")
         if self.sigma_0 <= 0 or self.kl_weight < 0 or self.min_var <= 0:
             raise ValueError("ltm.sigma_0 and ltm.min_var must be positive, ltm.kl_weight ≥ 0")
         if self.init_std is not None and self.init_std <= 0:
@@ -135,19 +143,40 @@ def expected_basis(mu: torch.Tensor, var: torch.Tensor, mu_N: torch.Tensor, sigm
     return gaussian(mu[..., None], mu_N, var[..., None] + sigma_N**2)
 
 
+def pad_positions(n: int, *, n_old: int = 0, grid: Literal["official", "ours"] = "ours"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zero-signal pad points (left of 0, right of 1) of a regression over n positions, n_old of which are old
+    samples (0 for a first fit), float64.
+
+    A first fit, and every fit with `grid="ours"`: n//2 points of spacing 1/n on each side, the nearest half a
+    spacing from the boundary (the official fit grid, linspace(−½ + 1/(2n), 3/2 − 1/(2n), 2n) for even n, its
+    odd-n form for odd n). An update with `grid="official"`: the part below 0 and above 1 of
+    linspace(−½ + s, 3/2 − s, 2n) with s = 1/(2·n_new + n_old), in float32 as the official `LongTermAttention`
+    builds its G_inf (n_new = n − n_old)."""
+    if n_old == 0 or grid == "ours":
+        k = torch.arange(n // 2, dtype=torch.float64)
+        return (-(k + 0.5) / n).flip(0), 1 + (k + 0.5) / n
+    shift = 1 / float(2 * (n - n_old) + n_old)
+    line = torch.linspace(-0.5 + shift, 1.5 - shift, 2 * n, dtype=torch.float32).double()
+    left, right = line[line < 0], line[line > 1]
+    # the official slices G as if n//2 pads lay on each side (`compute_G`); true for every size we tried
+    if left.numel() != n // 2 or right.numel() != n // 2:
+        raise ValueError(f"the official update grid has {left.numel()} + {right.numel()} pads for {n_old} samples "
+                         f"+ {n - n_old} vectors, not {n // 2} per side as its slice assumes: use ltm.grid: ours")
+    return left, right
+
+
 def ridge_matrix(positions: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor, *, ridge: float,
-                 pad: bool = True) -> torch.Tensor:
+                 pad: bool = True, n_old: int = 0, grid: Literal["official", "ours"] = "ours") -> torch.Tensor:
     """G (P, N) with Bᵀ = XᵀG for vectors X (P×D) at `positions`: G = Fᵀ(FFᵀ + λI)⁻¹ (Eq. 5), in float64.
 
-    With `pad`, F also holds ψ at a grid of spacing 1/P outside [0, 1] (P/2 points on each side) where the
-    signal is taken to be zero; only the rows of the real positions are returned."""
+    With `pad`, F also holds ψ at the pad points of `pad_positions` (n_old old samples among the positions, the
+    update's `grid`), where the signal is taken to be zero; only the rows of the real positions are returned."""
     t = positions.to(torch.float64)
     n = t.numel()
     if pad:
-        k = torch.arange(n // 2, dtype=torch.float64)
-        left = -(k + 0.5) / n
-        right = 1 + (k + 0.5) / n
-        t_all = torch.cat([left.flip(0), t, right])
+        left, right = pad_positions(n, n_old=n_old, grid=grid)
+        t_all = torch.cat([left, t, right])
     else:
         t_all = t
     F_NP = evaluate_basis(t_all, mu_N, sigma_N).T  # (N, P_all)
@@ -271,7 +300,8 @@ class ContinuousLTM(nn.Module):
     def _build_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
         pos = fit_positions(n_new) if kind == "fit" else update_positions(n_old, n_new, self.cfg.tau)
         mu, sig = rbf_centres(self.cfg.n_basis, self.cfg.widths)
-        return ridge_matrix(pos, mu, sig, ridge=self.cfg.ridge, pad=self.cfg.pad_regression).float().to(device)
+        return ridge_matrix(pos, mu, sig, ridge=self.cfg.ridge, pad=self.cfg.pad_regression,
+                            n_old=0 if kind == "fit" else n_old, grid=self.cfg.grid).float().to(device)
 
     def smooth(self, x_BPD: torch.Tensor) -> torch.Tensor:
         """X̃ = sigmoid(Conv1d_k=3(X)) ⊙ X over time (§3.4), or X without the gate."""
