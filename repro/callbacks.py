@@ -10,8 +10,10 @@
   `lightning_logs/` by default).
 - `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint
   given to the wrong model is refused by name before a run starts, and test and resumed runs cite their fit run.
-- `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA — the configs turn
-  the progress bar off (it reads `Epoch 0/-2` for step-bounded runs and floods logs of background jobs).
+- `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA (under `repro runs`
+  at most one a minute) — the configs turn the progress bar off (it floods the logs of background jobs);
+  `StepProgressBar`: Lightning's bar counting steps of `max_steps` (it reads `Epoch 0/-2` for step-bounded runs),
+  used when a run turns the bar on.
 """
 
 from __future__ import annotations
@@ -159,8 +161,8 @@ class ProgressLine(Callback):
     """`fit tiny/enwik8_12l  step 40/400  loss 2.913  11.2k tok/s  ETA 1m05s`, every `log_every_n_steps` steps
     (and at the last step); tokens/s counts the training tokens of all ranks since the last line."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, *, min_seconds: float = 0.0):
+        self.name, self.min_seconds = name, min_seconds
 
     def on_train_start(self, trainer, pl_module):
         self._t, self._tokens = time.monotonic(), self._seen(pl_module)
@@ -176,6 +178,8 @@ class ProgressLine(Callback):
         every = max(1, trainer.log_every_n_steps)
         if trainer.global_rank != 0 or not (step % every == 0 or step == total) or getattr(self, "_shown", -1) == step:
             return
+        if self.min_seconds and (time.monotonic() - self._t < self.min_seconds or step == total):
+            return  # a quiet run: a line a minute, and none at the end (its summary line follows)
         self._shown = step
         now, tokens = time.monotonic(), self._seen(pl_module)
         rate = (tokens - self._tokens) / max(now - self._t, 1e-9) * max(1, trainer.world_size)
@@ -190,3 +194,41 @@ class ProgressLine(Callback):
             eta = (now - self._t0) / (step - self._step0) * (total - step)
             parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
         print("  ".join(parts), flush=True)
+
+
+def step_progress_bar(name: str):
+    """Lightning's TQDM bar over optimiser steps (`12/400 [00:03<01:40, loss=2.91, tok/s=11.2k]`), for runs with
+    `--trainer.enable_progress_bar true`; built here so that Lightning's progress module is imported only then."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    class StepProgressBar(TQDMProgressBar):
+        def on_train_epoch_start(self, trainer, *_):
+            bar = self.train_progress_bar
+            bar.reset(total=trainer.max_steps if trainer.max_steps > 0 else None)
+            bar.initial = trainer.global_step
+            bar.n = trainer.global_step
+            bar.set_description(f"fit {name}")
+            self._tokens, self._t = ProgressLine._seen(trainer.lightning_module), time.monotonic()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            bar = self.train_progress_bar
+            if trainer.global_step == bar.n:  # inside a gradient accumulation
+                return
+            bar.n = trainer.global_step
+            loss = trainer.callback_metrics.get("train/loss")
+            tokens, now = ProgressLine._seen(pl_module), time.monotonic()
+            rate = (tokens - self._tokens) / max(now - self._t, 1e-9) * max(1, trainer.world_size)
+            self._tokens, self._t = tokens, now
+            self._post = {"tok/s": f"{rate / 1000:.1f}k"}
+            if loss is not None:
+                self._post = {"loss": f"{float(loss):.3f}", **self._post}
+            bar.set_postfix(self._post, refresh=False)
+            bar.refresh()
+
+        def get_metrics(self, trainer, pl_module):  # what Lightning shows at the end of the bar: ours
+            return dict(getattr(self, "_post", {}))
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            pass  # the bar spans the run, not an epoch
+
+    return StepProgressBar()

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from repro.callbacks import CurveRecorder, LastCheckpoint, ProgressLine, Provenance, last_path
+from repro.callbacks import CurveRecorder, LastCheckpoint, ProgressLine, Provenance, last_path, step_progress_bar
 from repro.tracking import tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -106,6 +106,9 @@ class _OwnProcess(Exception):
 
 class ReproCLI(LightningCLI):
     _in_steps = False  # set by `run_steps`
+    # `run_steps(quiet=True)`: the runs' summary lines are collected here instead of printed, and progress lines
+    # come at most once a minute (a pipeline's log shows one line per experiment, and progress only for long fits)
+    summaries: list[str] | None = None
 
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
@@ -203,7 +206,11 @@ class ReproCLI(LightningCLI):
                                        "mlflow_run": None})
         ours.append(self._provenance)
         if self.subcommand == "fit":
-            ours.append(ProgressLine(f"fit {self._name()}"))
+            if self._get(self.config_init, "trainer", default={}).get("enable_progress_bar") is False:
+                ours.append(ProgressLine(f"fit {self._name()}",
+                                         min_seconds=60.0 if self.summaries is not None else 0.0))
+            else:
+                ours.append(step_progress_bar(self._name()))
             if run.get("curves"):
                 ours.append(CurveRecorder(run["curves"]))
             if run.get("checkpoint"):
@@ -266,8 +273,9 @@ class ReproCLI(LightningCLI):
         cfg = self.config.get(str(self.subcommand), self.config)
         lg.experiment.log_text(lg.run_id, self._dump(cfg), "config.yaml")
         dm = self.datamodule
-        lg.log_hyperparams({"data": {k: v for k, v in vars(dm).items()
-                                     if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}})
+        internals = set(vars(LightningDataModule()))  # Lightning's own attributes (prepare_data_per_node, …)
+        lg.log_hyperparams({"data": {k: v for k, v in vars(dm).items() if isinstance(v, (int, float, str, bool))
+                                     and not k.startswith("_") and k not in internals}})
         lg.experiment.set_tag(lg.run_id, "hardware", hardware())
         self._provenance.info["mlflow_run"] = lg.run_id
         source = self._ckpt_info.get("mlflow_run") if self._ckpt_info else None
@@ -367,7 +375,11 @@ class ReproCLI(LightningCLI):
             from repro.io import atomic_write_json
 
             atomic_write_json(run["record"], record)
-        print(self._summary(stage, metrics, record["provenance"]), flush=True)
+        line = self._summary(stage, metrics, record["provenance"])
+        if ReproCLI.summaries is not None:  # `repro runs` prints one line per experiment
+            ReproCLI.summaries.append(line)
+        else:
+            print(line, flush=True)
         if lg is not None:
             lg.experiment.log_dict(lg.run_id, record, f"record-{stage}.json")
 
@@ -401,19 +413,19 @@ def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: 
         sys.argv = argv
 
 
-def run_steps(steps: list[str]) -> None:
+def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
     """Several Lightning CLI runs, one after the other, in this one process: `repro steps "fit -c A.yaml …"
     "test -c A.yaml -c A.eval.yaml --ckpt_path …"`. Each step is exactly the command `repro <step>` (its own
     seed, Trainer, MLflow run and record); only the start-up (imports, ~10 s on 2 cores) is paid once, which is
     most of a tiny run's time. A step on several processes (DDP) runs as its own process. A failing step stops
-    the rest."""
+    the rest. `quiet`: the steps' summary lines are returned instead of printed (with the command lines)."""
     import shlex
 
     usage = ('usage: repro steps "fit -c CONFIG …" "test -c CONFIG … --ckpt_path …" …\n'
              "each quoted step is one `repro fit|validate|test` command, run in order in one process")
     if any(s.strip() in ("-h", "--help") for s in steps):
         print(usage)
-        return
+        return []
     if not steps:
         raise ValueError("repro steps needs at least one quoted step, e.g. "
                          '"fit -c CONFIG --run.checkpoint A.ckpt" "test -c CONFIG --ckpt_path A.ckpt"')
@@ -426,9 +438,12 @@ def run_steps(steps: list[str]) -> None:
 
         check_config_files(args)
     argv = sys.argv
+    if quiet:
+        ReproCLI.summaries = []
     try:
         for args in parsed:
-            print(f"repro steps: {' '.join(args)}", flush=True)
+            if not quiet:
+                print(f"repro steps: {' '.join(args)}", flush=True)
             sys.argv = argv[:1]  # the step is given to the CLI as args (DDP steps run as their own process)
             # Lightning launches DDP ranks by re-running this process's command line, which here would be the
             # whole chain: a multi-process step runs as its own `repro <step>` process instead.
@@ -441,9 +456,11 @@ def run_steps(steps: list[str]) -> None:
                 done = subprocess.run([sys.executable, "-m", "repro", *args])
                 if done.returncode:
                     raise SystemExit(done.returncode) from None
+        return list(ReproCLI.summaries or [])
     finally:
         sys.argv = argv
         ReproCLI._in_steps = False
+        ReproCLI.summaries = None
 
 
 def _did_you_mean(class_path: str, key: str) -> str:

@@ -79,6 +79,8 @@ def _prepare(args) -> None:
 
 
 def _tables(args) -> None:
+    from pathlib import Path
+
     from repro import tables as T
 
     try:
@@ -89,8 +91,8 @@ def _tables(args) -> None:
     results = T.Results(args.paper)
     tables = mod.build(results)
     paths = T.write(args.paper, tables)
-    for p in paths:
-        print(p)
+    folders = sorted({str(p.parent) for p in map(Path, paths)})
+    print(f"repro tables {args.paper}: {len(paths)} files in {', '.join(folders)}", flush=True)
     if not args.no_mlflow:
         T.log_to_mlflow(args.paper, tables, paths, results)
 

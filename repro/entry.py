@@ -13,6 +13,8 @@ def main(argv: list[str] | None = None) -> None:
     import what they use. Errors the user can act on end with their message alone; REPRO_DEBUG=1 shows the
     traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not os.environ.get("REPRO_VERBOSE"):  # MLflow's database set-up notes (read when mlflow is imported)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     _at_repository_root(args[0] if args else "")
     if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
         from repro.cli import main

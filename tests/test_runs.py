@@ -94,6 +94,26 @@ def test_workers_share_a_group_and_each_run_equals_the_same_run_alone(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "[0] " in done.stdout and "[1] " in done.stdout  # two workers, their output prefixed
+    # the terminal: a header, then one line per experiment with the summary of each of its runs
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("repro runs: 2 experiments, 2 workers"), lines
+    assert sorted(line[4:].split(":")[0] for line in lines[1:]) == ["x", "x.seed5"]
+    assert all(" fit  train loss " in line and "| test  loss " in line and "| test.alt  loss " in line
+               for line in lines[1:]), lines
+    assert done.stderr.strip() == "", done.stderr[-2000:]
+    # tracking: every test run names the fit run whose checkpoint it read
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    found = client.search_runs([client.get_experiment_by_name("transformer_xl").experiment_id])
+    fits = {r.data.tags["experiment"]: r.info.run_id for r in found if r.data.tags["subcommand"] == "fit"}
+    tests = [r for r in found if r.data.tags["subcommand"] == "test"]
+    assert len(fits) == 2 and len(tests) == 4
+    for r in tests:
+        assert r.data.tags["fit_run"] == fits[r.data.tags["experiment"].replace(".alt", "")]
+        assert r.data.tags["ckpt_path"].endswith(".ckpt") and r.data.tags["profile"] == "tiny"
+    assert not any(k.startswith("data/prepare_data") or k.startswith("data/allow_zero") for r in found
+                   for k in r.data.params)  # no Lightning internals as parameters
     runs = tmp_path / "results" / "transformer_xl" / "runs" / "tiny" / "g"
     assert sorted(p.name for p in runs.iterdir()) == sorted(
         f"{e}.{s}.json" for e in ("x", "x.seed5") for s in ("fit", "test", "alt.test"))

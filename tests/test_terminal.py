@@ -1,0 +1,80 @@
+"""The terminal shows progress, not noise: a fit prints one progress line every `log_every_n_steps` (step/max_steps,
+loss, tokens/s, ETA) — or a bar over steps when the bar is on — and one summary line per run; none of Lightning's
+banner, tips, tables or library warnings. `repro --help` starts without Lightning and lists every command."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from repro.entry import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs/transformer_xl/tiny/enwik8_12l.yaml")
+SMALL = ["--model.init_args.model.n_layer", "1", "--model.init_args.model.d_model", "32",
+         "--model.init_args.model.d_inner", "64", "--data.init_args.batch_size", "2", "--data.init_args.tgt_len", "16",
+         "--trainer.max_steps", "4", "--trainer.log_every_n_steps", "2", "--trainer.limit_val_batches", "1",
+         "--trainer.val_check_interval", "4", "--run.tracking", "none"]
+NOISE = ("Tip", "litlogger", "GPU available", "TPU available", "Seed set", "┏", "│", "weights_only", "Warning",
+         "deprecated", "Traceback", "INFO")
+
+
+def _help(argv):
+    """Runs `repro ARGV` in a fresh interpreter; returns (exit code, output, whether Lightning was imported)."""
+    code = ("import sys\nfrom repro.entry import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    code = e.code or 0\nprint('LIGHTNING' if 'lightning' in sys.modules else '')\n"
+            "sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr, "LIGHTNING" in done.stdout
+
+
+def test_help_lists_every_command_without_importing_lightning():
+    code, out, lightning = _help(["--help"])
+    assert code == 0 and not lightning
+    for command in ("fit", "validate", "test", "steps", "runs", "describe", "bench", "prepare", "tables", "recl",
+                    "generate", "bench-attention", "bench-context"):
+        assert re.search(rf"^\s+{re.escape(command)}\b", out, re.M), command
+    assert out.startswith("usage: repro ")
+
+
+def test_subcommand_help():
+    code, out, _ = _help(["steps", "--help"])
+    assert code == 0 and out.startswith("usage: repro steps")
+    code, out, lightning = _help(["tables", "--help"])
+    assert code == 0 and not lightning
+    assert "transformer_xl" in out and "infinity_former" in out and "lamemo" in out and "mgk" in out
+
+
+def test_python_dash_m_says_repro():
+    done = subprocess.run([sys.executable, "-m", "repro", "fit", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: repro ") and "__main__" not in done.stdout
+
+
+def test_fit_prints_progress_and_one_summary_then_test_one_line(tmp_path, capfd):
+    ckpt = tmp_path / "a.ckpt"
+    main(["fit", "-c", TINY, *SMALL, "--run.checkpoint", str(ckpt)])
+    out, err = capfd.readouterr()
+    lines = [l for l in (out + err).splitlines() if l.strip()]
+    assert len(lines) == 3, lines
+    for line, step in zip(lines, (2, 4)):
+        assert re.fullmatch(rf"fit tiny/enwik8_12l  step {step}/4  loss \d+\.\d{{3}}  \d+\.\dk tok/s  ETA \d+m\d\ds",
+                            line), line
+    assert re.fullmatch(r"fit tiny/enwik8_12l  train loss \S+  val loss \S+  val ppl \S+  val bpc \S+  "
+                        r"\(4 steps, \S+ s\)", lines[2]), lines[2]
+    main(["test", "-c", TINY, *SMALL, "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "1"])
+    out, err = capfd.readouterr()
+    lines = [l for l in (out + err).splitlines() if l.strip()]
+    assert len(lines) == 1 and re.fullmatch(r"test tiny/enwik8_12l  loss \S+  ppl \S+  bpc \S+  \(\S+ tokens, \S+ s\)",
+                                            lines[0]), lines
+    assert not any(word in out + err for word in NOISE)
+
+
+def test_the_progress_bar_counts_steps(capfd):
+    main(["fit", "-c", TINY, *SMALL, "--trainer.enable_progress_bar", "true"])
+    text = "".join(capfd.readouterr())
+    final = [part for part in text.replace("\r", "\n").splitlines() if part.startswith("fit tiny/enwik8_12l: 100%")]
+    assert final and "4/4" in final[-1] and "loss=" in final[-1] and "tok/s=" in final[-1], text[-2000:]
+    assert "Epoch 0/-2" not in text
