@@ -123,7 +123,10 @@ class LastCheckpoint(Callback):
         if step == self._last_step:  # inside a gradient accumulation: no step boundary yet
             return
         self._last_step = step
-        if self._signal is not None:
+        stop = self._signal is not None
+        if trainer.world_size > 1:  # every rank stops at the same step (the save is collective)
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
             self.save(trainer)
             if trainer.global_rank == 0:
                 print(f"repro: saved {self.path} at step {step}; resume with: {self.resume_hint}",
@@ -132,6 +135,8 @@ class LastCheckpoint(Callback):
             raise KeyboardInterrupt  # Lightning's graceful shutdown: the MLflow run ends as failed
         due_steps = self.every_steps > 0 and step % self.every_steps == 0
         due_time = self.every_minutes > 0 and time.monotonic() - self._saved_at >= 60 * self.every_minutes
+        if trainer.world_size > 1 and self.every_minutes > 0:  # the ranks' clocks differ; the save is collective
+            due_time = trainer.strategy.reduce_boolean_decision(due_time, all=False)
         if due_steps or due_time:
             self.save(trainer)
 

@@ -434,8 +434,9 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
         if not args or args[0] not in LIGHTNING_SUBCOMMANDS:
             raise ValueError(f"each step of `repro steps` starts with one of {', '.join(LIGHTNING_SUBCOMMANDS)}, "
                              f"got {' '.join(args)!r}")
-        from repro.io import check_config_files
+    from repro.io import check_config_files
 
+    for args in parsed:
         check_config_files(args)
     argv = sys.argv
     if quiet:

@@ -200,3 +200,21 @@ def test_steps_check_every_step_before_running_any(capsys):
     with pytest.raises(SystemExit):
         main(["steps", "fit -c nowhere.yaml", "tables transformer_xl"])
     assert "each step of `repro steps` starts with one of" in capsys.readouterr().err
+
+
+def test_run_callbacks_join_the_configured_ones(root, tmp_path, monkeypatch):
+    """`--run.curves` (which `repro runs` always passes) once replaced `--trainer.callbacks`: a user's
+    EarlyStopping or ModelCheckpoint silently disappeared. Ours are added to the configured ones."""
+    from repro.cli import ReproCLI
+
+    seen = {}
+    monkeypatch.setattr(ReproCLI, "_run_subcommand",
+                        lambda self, sub: seen.update(names=[type(c).__name__ for c in self.trainer.callbacks],
+                                                      root=self.trainer.default_root_dir))
+    ReproCLI(args=["fit", "-c", str(root / TINY), "--run.tracking", "none", "--run.curves", str(tmp_path / "c.csv"),
+                   "--run.checkpoint", str(tmp_path / "ck" / "a.ckpt"),
+                   "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/loss"])
+    for name in ("EarlyStopping", "CurveRecorder", "LastCheckpoint", "Provenance", "ProgressLine"):
+        assert name in seen["names"], (name, seen["names"])
+    # a user's ModelCheckpoint without a dirpath writes beside the run's checkpoint, not in the working directory
+    assert seen["root"] == str(tmp_path / "ck")
