@@ -11,7 +11,7 @@
 - `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint
   given to the wrong model is refused by name before a run starts, and test and resumed runs cite their fit run.
 - `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA (under `repro runs`
-  at most one a minute) — the configs turn the progress bar off (it floods the logs of background jobs);
+  at most one every two minutes) — the configs turn the progress bar off (it floods the logs of background jobs);
   `StepProgressBar`: Lightning's bar counting steps of `max_steps` (it reads `Epoch 0/-2` for step-bounded runs),
   used when a run turns the bar on.
 """
@@ -184,7 +184,7 @@ class ProgressLine(Callback):
         if trainer.global_rank != 0 or not (step % every == 0 or step == total) or getattr(self, "_shown", -1) == step:
             return
         if self.min_seconds and (time.monotonic() - self._t < self.min_seconds or step == total):
-            return  # a quiet run: a line a minute, and none at the end (its summary line follows)
+            return  # a quiet run: a line every `min_seconds`, and none at the end (its summary line follows)
         self._shown = step
         now, tokens = time.monotonic(), self._seen(pl_module)
         rate = (tokens - self._tokens) / max(now - self._t, 1e-9) * max(1, trainer.world_size)

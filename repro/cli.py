@@ -107,7 +107,7 @@ class _OwnProcess(Exception):
 class ReproCLI(LightningCLI):
     _in_steps = False  # set by `run_steps`
     # `run_steps(quiet=True)`: the runs' summary lines are collected here instead of printed, and progress lines
-    # come at most once a minute (a pipeline's log shows one line per experiment, and progress only for long fits)
+    # come at most every two minutes (a pipeline's log shows one line per experiment, and progress only for long fits)
     summaries: list[str] | None = None
 
     def __init__(self, args=None, run: bool = True, **kwargs):
@@ -208,7 +208,7 @@ class ReproCLI(LightningCLI):
         if self.subcommand == "fit":
             if self._get(self.config_init, "trainer", default={}).get("enable_progress_bar") is False:
                 ours.append(ProgressLine(f"fit {self._name()}",
-                                         min_seconds=60.0 if self.summaries is not None else 0.0))
+                                         min_seconds=120.0 if self.summaries is not None else 0.0))
             else:
                 ours.append(step_progress_bar(self._name()))
             if run.get("curves"):

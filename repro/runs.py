@@ -131,8 +131,13 @@ def _run_specs(args, specs: list[str]) -> None:
                                  rehearsal=args.rehearsal == "true"):
         lines += run_steps([shlex.join(step)], quiet=True)
         if post is not None:
-            if after is not None:
-                after(*post, rec_dir)
+            if after is not None:  # what the analysis prints joins the experiment's line
+                import contextlib
+                import io
+
+                with contextlib.redirect_stdout(io.StringIO()) as said:
+                    after(*post, rec_dir)
+                lines += [f"{args.after.rsplit('.', 1)[-1]}: {text}" for text in said.getvalue().splitlines() if text]
             # one line per experiment: its runs' summaries, the experiment's name said once
             exp = post[2]
             parts = [line.replace(f" {args.profile}/{exp}", "", 1) for line in lines]
