@@ -15,7 +15,6 @@ names its paper, experiment and profile, and where to record its results.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -157,8 +156,8 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.tracking", type=Literal["mlflow", "none"], default="mlflow",
                             help="mlflow: an MLflow run in mlflow.db at the repository root; none: no run")
         parser.add_argument("--run.last_every_steps", type=int, default=100,
-                            help="fit with --run.checkpoint A.ckpt: write A.last.ckpt every N optimiser steps (0: off), "
-                                 "and on Ctrl-C/SIGTERM")
+                            help="fit with --run.checkpoint A.ckpt: write A.last.ckpt every N optimiser steps "
+                                 "(0: off), and on Ctrl-C/SIGTERM")
         parser.add_argument("--run.last_every_minutes", type=float, default=10.0,
                             help="fit: also write A.last.ckpt every M minutes (0: off)")
         parser.add_argument("--run.resume", type=bool, default=False,
@@ -534,7 +533,8 @@ def one_line(message: str) -> str:
         key = re.search(r'Parser key "([\w.]+)"', text)
         if inner:
             return (f"{key.group(1)}: " if key else "") + inner[0]
-    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith(("Given value", "Subtypes"))]
+    lines = [l.strip() for l in text.splitlines()
+             if l.strip() and not l.strip().startswith(("Given value", "Subtypes"))]
     out = " ".join(lines)
     out = re.sub(r'^Parser key "([\w.]+)":\s*', r"--\1: ", out)
     return out[:400]

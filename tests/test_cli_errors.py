@@ -81,8 +81,8 @@ def test_checkpoint_of_other_shapes(clean, capsys, good_ckpt):
 
 
 @pytest.mark.parametrize("override,message", [
-    (["--model.init_args.model.n_layers", "3"],
-     "unknown option --model.init_args.model.n_layers for TransformerXLLM (did you mean --model.init_args.model.n_layer?)"),
+    (["--model.init_args.model.n_layers", "3"], "unknown option --model.init_args.model.n_layers for TransformerXLLM "
+                                                "(did you mean --model.init_args.model.n_layer?)"),
     (["--model.init_args.memory.mem_len", "-5"], "mem_len must be ≥ 0, got -5"),
     (["--data.init_args.corpus", "nope"], "unknown corpus 'nope'; the registry has: embedded-char"),
     (["--run.tracking", "mlfow"], "--run.tracking is one of 'mlflow', 'none', got 'mlfow'"),

@@ -7,8 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from repro.entry import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
