@@ -207,7 +207,15 @@ def _run_workers(args, jobs: int) -> None:
     pumps = [threading.Thread(target=pump, args=(k, p.stdout), daemon=True) for k, p in enumerate(procs)]
     for t in pumps:
         t.start()
-    codes = [p.wait() for p in procs]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too: each saves its last checkpoint and stops
+        codes = [p.wait() for p in procs]
+        for t in pumps:
+            t.join()
+        tmp.cleanup()
+        raise SystemExit("repro runs: interrupted; run the same command again to continue from the last "
+                         "checkpoints") from None
     for t in pumps:
         t.join()
     tmp.cleanup()
