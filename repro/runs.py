@@ -67,7 +67,7 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
                 cfgs += ["-c", str(base / f"{config}.eval.yaml")]
             out.append((["test", *cfgs, *caps, *extra, "--run.experiment", name, "--ckpt_path", str(ckpt),
                          "--run.record", str(rec_dir / f"{name}.test.json")], None))
-        out[-1] = (out[-1][0], (str(cfg), str(ckpt), exp))
+        out[-1] = (out[-1][0], (str(cfg), str(ckpt), exp, tuple(caps[1::2])))
     return out
 
 
@@ -136,7 +136,8 @@ def _run_specs(args, specs: list[str]) -> None:
                 import io
 
                 with contextlib.redirect_stdout(io.StringIO()) as said:
-                    after(*post, rec_dir)
+                    # a rehearsal's analysis runs with the rehearsal's configs too (e.g. fewer batches)
+                    after(*post[:3], rec_dir, **({"overrides": list(post[3])} if post[3] else {}))
                 lines += [f"{args.after.rsplit('.', 1)[-1]}: {text}" for text in said.getvalue().splitlines() if text]
             # one line per experiment: its runs' summaries, the experiment's name said once
             exp = post[2]

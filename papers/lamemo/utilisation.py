@@ -115,15 +115,19 @@ def main(argv: list[str] | None = None) -> None:
     run = dict(cli.config.get("run", {}) or {})
     out = analyse(module, dm, max_batches=args.batches)
     record = {"paper": run.get("paper"), "experiment": args.experiment or run.get("experiment"),
-              "profile": run.get("profile"), "stage": "utilisation", "checkpoint": args.ckpt,
+              "profile": run.get("profile"), "rehearsal": bool(run.get("rehearsal")), "stage": "utilisation", "checkpoint": args.ckpt,
               "corpus": getattr(dm, "corpus_name", None), "utilisation": out}
     atomic_write_json(args.out, record)
     print(f"{args.out}: memory mass {out['memory_mass']:.3f} over {out['segments']} segments")
 
 
-def after_run(config: str, checkpoint: str, experiment: str, record_dir: str) -> None:
-    """`repro runs --after papers.lamemo.utilisation`: analyse each trained checkpoint in the same process."""
-    main(["-c", config, "--ckpt", checkpoint, "--experiment", experiment,
+def after_run(config: str, checkpoint: str, experiment: str, record_dir: str, *,
+              overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """`repro runs --after papers.lamemo.utilisation`: analyse each trained checkpoint in the same process. With
+    `overrides` (the rehearsal's configs, `repro runs --rehearsal true`) they are composed after the config and
+    only 3 validation segments are analysed: the code path at the paper's sizes, not a measurement."""
+    extra = [a for c in overrides for a in ("-c", c)] + (["--batches", "3"] if overrides else [])
+    main(["-c", config, *extra, "--ckpt", checkpoint, "--experiment", experiment,
           "--out", f"{record_dir}/{experiment}.utilisation.json"])
 
 
