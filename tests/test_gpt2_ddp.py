@@ -10,7 +10,10 @@ import pytest
 from repro.text import dialogue as D
 from repro.text.tokenizer import train_bpe
 
-CONFIG = "configs/infinity_former/tiny/gpt2_dog_inftyformer_sticky.yaml"
+# The deterministic ∞-former: sticky memories draw their sample points from each process's global generator (as
+# the official code does), so with them two ranks and one process differ by the sampling noise (1.7e-5 relative
+# on this set), not by a bug.
+CONFIG = "configs/infinity_former/tiny/gpt2_dog_inftyformer.yaml"
 
 
 def _cli(args, cwd):

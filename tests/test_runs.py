@@ -39,10 +39,10 @@ def test_steps_of_a_group(tmp_path):
     assert test_a_eval[test_a_eval.index("--run.experiment") + 1] == "a.seed3.other"
     assert test_b_eval.count("-c") == 1  # b has no .eval.yaml: tested with its training config
     assert fit_b[fit_b.index("--model.init_args.variant") + 1] == "v" and "--seed_everything" not in fit_b
-    # the after-run hook gets (config, checkpoint, experiment) once per spec, after its last test
+    # the after-run hook gets (config, checkpoint, experiment, rehearsal configs) once per spec, after its last test
     assert [post for _, post in steps] == [None, None, (str(cfg / "a.yaml"), "checkpoints/p/tiny/g/a.seed3.ckpt",
-                                                         "a.seed3"), None, None,
-                                           (str(cfg / "b.yaml"), "checkpoints/p/tiny/g/b_v.ckpt", "b_v")]
+                                                         "a.seed3", ()), None, None,
+                                           (str(cfg / "b.yaml"), "checkpoints/p/tiny/g/b_v.ckpt", "b_v", ())]
     with pytest.raises(ValueError, match="no config"):
         runs_steps("p", "tiny", "g", ["c"], configs_root=str(tmp_path / "configs"))
     with pytest.raises(ValueError, match="train\\|eval"):
