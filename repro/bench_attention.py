@@ -114,6 +114,8 @@ def main(args) -> None:
         for v in variants:
             row = measure(v, length, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                           device=args.device, precision=args.precision)
+            if getattr(args, "rehearsal", "false") == "true":
+                row["rehearsal"] = True
             lines.append(json.dumps(row))
             print(lines[-1], flush=True)
     if args.output:
@@ -135,4 +137,6 @@ def add_parser(sub) -> None:
     b.add_argument("--device")
     b.add_argument("--threads", type=int)
     b.add_argument("--output", help="also write the JSON lines to this file")
+    b.add_argument("--rehearsal", choices=["true", "false"], default="false",
+                   help="true: a rehearsal of the paper profile (rows marked, their table cells labelled)")
     b.set_defaults(func=main)

@@ -120,6 +120,11 @@ def provenance(rec: dict[str, Any]) -> str:
             f"{p.get('parameters', 0):,} parameters; {p.get('hardware')}, precision {p.get('precision')}; {mlflow}")
 
 
+def bench_provenance(row: dict[str, Any], text: str) -> str:
+    """The footnote of a benchmark row (a JSON line of `repro bench*`), marked when a rehearsal wrote it."""
+    return (REHEARSAL if row.get("rehearsal") else "") + text
+
+
 def paper_cell(value: float | None, fmt: str = "{:.2f}") -> Cell:
     return Cell(value, "paper", fmt=fmt)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, paper_cell
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell
 
 PAPER = "infinity_former"
 MODELS = [("txl", "Transformer-XL"), ("compressive", "Compressive transformer"), ("infty", "∞-former"),
@@ -98,9 +98,10 @@ def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
     rows_in = [r for profile in ("tiny", "paper") for r in results.load_json_lines(f"runs/{profile}/bench_context.jsonl")]
     if not rows_in:
         return None, []
-    rows = [[r["model"], f"{r['context']:,}", Cell(r["ms_per_segment"], "ours", r.get("device", ""), "{:.1f}"),
-             Cell(r["memory_state_mb"], "ours", r.get("device", ""), "{:.2f}"),
-             Cell(r.get("peak_mb"), "ours", r.get("device", ""), "{:.1f}")] for r in rows_in]
+    rows = [[r["model"], f"{r['context']:,}",
+             Cell(r["ms_per_segment"], "ours", bench_provenance(r, r.get("device", "")), "{:.1f}"),
+             Cell(r["memory_state_mb"], "ours", bench_provenance(r, r.get("device", "")), "{:.2f}"),
+             Cell(r.get("peak_mb"), "ours", bench_provenance(r, r.get("device", "")), "{:.1f}")] for r in rows_in]
     notes = ["`repro bench-context` (repro/bench_context.py): one segment's forward pass (evaluation, no gradient) "
              "after `context` tokens. Transformer-XL attends to all of them (memory = context); the ∞-former keeps "
              "an STM of fixed length and a continuous LTM of N basis functions that the whole context was folded "

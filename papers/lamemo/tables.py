@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, provenance
+from repro.tables import Cell, Results, Table, bench_provenance, provenance
 
 NAME = "lamemo"
 SEEDS = (1, 2, 3)
@@ -218,7 +218,7 @@ def cost_table(results: Results) -> Table:
             name = " + ".join([Path(r["config"][0]).stem, *(Path(c).name for c in r["config"][1:])])
             by[(name, r["mode"])] = r
         for (name, mode), r in sorted(by.items()):
-            prov = (f"this repository, `repro bench --mode {mode}` on {', '.join(r['config'])}: {r['parameters']:,} "
+            prov = bench_provenance(r, f"this repository, `repro bench --mode {mode}` on {', '.join(r['config'])}: {r['parameters']:,} "
                     f"parameters, {r['device']}, precision {r['precision']}, batch {r['batch_size']} × "
                     f"{r['tgt_len']} tokens, memory {r['memory']['mem_len']}, median of {r['steps']} steps after "
                     f"{r['warmup']} warm-up")

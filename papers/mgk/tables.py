@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, paper_cell, provenance
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
 
 PAPER = "mgk"
 VERSION = "paper v1 (ICLR 2022 submission)"
@@ -208,7 +208,7 @@ def efficiency(results: Results) -> Table:
                 a, b = by.get((profile, ours, length)), by.get((profile, base, length))
                 if a is None or b is None:
                     continue
-                prov = (f"this repository, `repro bench-attention`, profile `{profile}`: the paper's LRA classifier "
+                prov = bench_provenance(a, f"this repository, `repro bench-attention`, profile `{profile}`: the paper's LRA classifier "
                         f"(2 layers, width 64), batch {a['batch_size']}, {a['device']}, precision {a['precision']}, "
                         f"median of {a['steps']} steps after {a['warmup']} warm-up, torch {a['torch']}")
                 cells = [Cell(profile), Cell(str(length)), Cell(f"{ours} / {base}")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, paper_cell
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell
 
 PAPER = "transformer_xl"
 
@@ -196,7 +196,7 @@ def table9(results: Results) -> Table:
             if r is None:
                 row.append(Cell("—" if cols[p] else "not run"))
                 continue
-            prov = (f"this repository, `repro bench --mode slowdown` on {', '.join(r['config'])}: "
+            prov = bench_provenance(r, f"this repository, `repro bench --mode slowdown` on {', '.join(r['config'])}: "
                     f"{r['parameters']:,} parameters, {r['device']}, precision {r['precision']}, segments of "
                     f"{r['segment']} tokens, median of {r['steps']} timings after {r['warmup']} warm-up")
             row.append(Cell(r["slowdown"], "ours", prov, "{:.0f}×"))
