@@ -2,7 +2,9 @@
 
 Everything is offline: small archives in the real layouts (WikiText-103 v1, enwik8, text8) are built in
 tmp_path and served by `http.server.ThreadingHTTPServer` on 127.0.0.1, with a handler that honours (or
-ignores) `Range` requests and can drop the connection part-way to simulate an interrupted download.
+ignores) `Range` requests and can drop the connection part-way to simulate an interrupted download. The
+published checksums pinned for the real files are replaced by the miniatures' own for the source tests
+(`miniatures_published`), so that the pinned path runs; the real values are checked for form and provenance.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from repro.data import sources
+from repro.data import download as dl, sources
 from repro.data.download import (
+    ALGORITHMS,
     ArchiveError,
     ChecksumError,
     DownloadError,
+    Published,
     download,
     extract_member,
     part_path,
@@ -145,6 +149,15 @@ def refused_url() -> str:
 
 
 BLOB = ARCHIVES["blob.bin"]
+
+
+@pytest.fixture
+def miniatures_published(monkeypatch):
+    """The source tests serve miniatures under the real names: pin their own checksums in place of the real ones."""
+    table = {name: Published(source="test miniature", sha256=_sha(data), size=len(data))
+             for name, data in ARCHIVES.items() if name in sources.PUBLISHED}
+    monkeypatch.setattr(sources, "PUBLISHED", table)
+    return table
 
 
 # ---------------------------------------------------------------------------------------------- download
@@ -283,7 +296,7 @@ def test_extract_member_and_its_errors(tmp_path):
 # ---------------------------------------------------------------------------------------------- sources
 
 
-def test_wikitext103_files(server, refused_url, tmp_path):
+def test_wikitext103_files(server, refused_url, tmp_path, miniatures_published):
     raw = tmp_path / "raw" / "wt103"
     files = sources.wikitext103_files(raw, urls=[server.url("wikitext-103-v1.zip")], hf_fallback=False)
     assert set(files) == {"train", "valid", "test"}
@@ -299,9 +312,10 @@ def test_wikitext103_files(server, refused_url, tmp_path):
     assert files["valid"].read_text(encoding="utf-8") == WIKI["valid"]
 
 
-def test_wikitext103_corrupt_archive_is_reported(refused_url, tmp_path):
+def test_wikitext103_corrupt_archive_is_reported(refused_url, tmp_path, monkeypatch):
     raw = tmp_path / "wt103"
     raw.mkdir()
+    monkeypatch.setattr(sources, "PUBLISHED", {})  # nothing published: the zip reader is what objects
     (raw / "wikitext-103-v1.zip").write_bytes(ARCHIVES["wikitext-103-v1.zip"][:300])  # truncated by hand
     with pytest.raises(ArchiveError, match="delete it"):
         sources.wikitext103_files(raw, urls=[refused_url], hf_fallback=False)
@@ -338,7 +352,7 @@ def test_wikitext103_hugging_face_fallback(refused_url, tmp_path, monkeypatch):
         sources.wikitext103_files(tmp_path / "other", urls=[refused_url])
 
 
-def test_enwik8_and_text8_bytes(server, refused_url, tmp_path):
+def test_enwik8_and_text8_bytes(server, refused_url, tmp_path, miniatures_published):
     enwik8 = sources.enwik8_bytes(tmp_path / "enwik8", urls=[server.url("enwik8.zip")], expected_size=len(ENWIK8))
     text8 = sources.text8_bytes(tmp_path / "text8", urls=[server.url("text8.zip")], expected_size=len(TEXT8))
     assert enwik8 == ENWIK8 and text8 == TEXT8
@@ -346,7 +360,8 @@ def test_enwik8_and_text8_bytes(server, refused_url, tmp_path):
         sources.enwik8_bytes(tmp_path / "enwik8", urls=[refused_url])  # cached archive, default size
 
 
-def test_hand_placed_archive_needs_no_network(refused_url, tmp_path, capsys):
+def test_hand_placed_archive_needs_no_network(refused_url, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sources, "PUBLISHED", {})  # a file with no published checksum: trusted on first use
     raw = tmp_path / "text8"
     raw.mkdir()
     (raw / "text8.zip").write_bytes(ARCHIVES["text8.zip"])
@@ -359,6 +374,128 @@ def test_hand_placed_archive_needs_no_network(refused_url, tmp_path, capsys):
         sources.text8_bytes(raw, urls=[refused_url], expected_size=len(TEXT8))
 
 
-def test_known_sha256_are_not_invented():
-    assert set(sources.KNOWN_SHA256) == {"wikitext-103-v1.zip", "enwik8.zip", "text8.zip"}
-    assert all(v is None or len(v) == 64 for v in sources.KNOWN_SHA256.values())
+# ------------------------------------------------------------------------------------- published checksums
+
+
+def _one_line_refusal(err, *, name: str, expected: str, actual: str, todo: str) -> None:
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    assert name in msg and expected in msg and actual in msg and todo in msg, msg
+
+
+def test_download_refuses_bytes_that_differ_from_the_published_sha256(server, tmp_path):
+    dest = tmp_path / "wikitext-103-v1.zip"
+    with pytest.raises(ChecksumError) as err:
+        download(server.url("blob.bin"), dest, sha256="ab" * 32, record_sha256=True)
+    _one_line_refusal(err, name="wikitext-103-v1.zip", expected="ab" * 32, actual=_sha(BLOB), todo="Run again")
+    assert "published" in str(err.value)
+    assert not dest.exists() and not part_path(dest).exists() and not sidecar_path(dest).exists()
+
+
+def test_published_md5_is_verified_and_our_sha256_recorded(server, tmp_path):
+    dest = tmp_path / "cifar-10-python.tar.gz"
+    md5 = hashlib.md5(BLOB).hexdigest()
+    download(server.url("blob.bin"), dest, sha256=None, md5=md5.upper(), record_sha256=True)  # case is not the value
+    assert dest.read_bytes() == BLOB
+    assert sidecar_path(dest).read_text() == f"{_sha(BLOB)}  {dest.name}\n"  # our sha256, as for every download
+    download(server.url("blob.bin"), dest, sha256=None, md5=md5, record_sha256=True)  # verified, not fetched again
+    assert len(server.requests) == 1
+
+    other = tmp_path / "other" / "cifar-10-python.tar.gz"
+    with pytest.raises(ChecksumError) as err:
+        download(server.url("blob.bin"), other, sha256=None, md5="0" * 32, record_sha256=True)
+    _one_line_refusal(err, name="cifar-10-python.tar.gz", expected="0" * 32, actual=md5, todo="fetch the file by hand")
+    assert "md5" in str(err.value) and not other.exists() and not part_path(other).exists()
+
+
+def test_a_file_in_place_that_differs_from_the_published_md5_is_refused(server, tmp_path):
+    dest = tmp_path / "cifar-10-python.tar.gz"
+    dest.write_bytes(b"a stale or damaged copy")
+    md5 = hashlib.md5(BLOB).hexdigest()
+    with pytest.raises(ChecksumError) as err:
+        download(server.url("blob.bin"), dest, sha256=None, md5=md5, record_sha256=True)
+    _one_line_refusal(err, name=str(dest), expected=md5, actual=hashlib.md5(b"a stale or damaged copy").hexdigest(),
+                      todo="Delete")
+    assert server.requests == [] and not sidecar_path(dest).exists()
+
+
+def test_every_published_checksum_given_is_verified(server, tmp_path):
+    sha1 = hashlib.sha1(BLOB).hexdigest()
+    download(server.url("blob.bin"), tmp_path / "a.bin", sha256=_sha(BLOB), sha1=sha1, size=len(BLOB))
+    with pytest.raises(ChecksumError, match="sha1") as err:  # sha256 right, sha1 wrong: refused all the same
+        download(server.url("blob.bin"), tmp_path / "b.bin", sha256=_sha(BLOB), sha1="1" * 40)
+    _one_line_refusal(err, name="b.bin", expected="1" * 40, actual=sha1, todo="Run again")
+    with pytest.raises(ChecksumError, match="expected 9") as err:  # the published size is checked first
+        download(server.url("blob.bin"), tmp_path / "c.bin", sha256=_sha(BLOB), size=9)
+    assert "c.bin" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_malformed_published_checksum_is_a_programming_error(tmp_path):
+    with pytest.raises(ValueError, match="md5 digest"):
+        download("http://127.0.0.1:9/x", tmp_path / "x", sha256=None, md5="c58f3010")
+
+
+def test_pinned_source_refuses_other_bytes(server, refused_url, tmp_path, miniatures_published):
+    """text8 with its (miniature's) sha256 pinned: the server sends enwik8.zip's bytes under the name; refused,
+    nothing kept, and no checksum recorded that would make the wrong file trusted later."""
+    server.files["text8.zip"] = ARCHIVES["enwik8.zip"]
+    sources.PUBLISHED["text8.zip"] = Published(source="test miniature", sha256=_sha(ARCHIVES["text8.zip"]))
+    raw = tmp_path / "text8"
+    with pytest.raises(ChecksumError) as err:
+        sources.text8_bytes(raw, urls=[server.url("text8.zip")], expected_size=len(TEXT8))
+    _one_line_refusal(err, name="text8.zip", expected=_sha(ARCHIVES["text8.zip"]), actual=_sha(ARCHIVES["enwik8.zip"]),
+                      todo="Run again")
+    assert not (raw / "text8.zip").exists() and not part_path(raw / "text8.zip").exists()
+    assert not sidecar_path(raw / "text8.zip").exists()
+
+
+def test_the_mirror_replaces_every_published_checksum_and_size(tmp_path, monkeypatch):
+    """Under REPRO_MIRROR the file is the mirror's miniature: verified against its SHA256SUMS only."""
+    mini = b"miniature of a real archive"
+    mirror = Server({"SHA256SUMS": f"{_sha(mini)}  example.org/data/real.zip\n".encode(),
+                     "example.org/data/real.zip": mini})
+    try:
+        monkeypatch.setenv(dl.MIRROR_ENV, mirror.url(""))
+        dest = tmp_path / "real.zip"
+        download("https://example.org/data/real.zip", dest, sha256="ab" * 32, md5="cd" * 16, size=10**9,
+                 record_sha256=True)
+        assert dest.read_bytes() == mini and sidecar_path(dest).read_text().split()[0] == _sha(mini)
+        dest.write_bytes(mini[:-1] + b"X")  # damaged afterwards: the mirror's checksum objects
+        with pytest.raises(ChecksumError, match="mirror's SHA256SUMS"):
+            download("https://example.org/data/real.zip", dest, sha256="ab" * 32, md5="cd" * 16, record_sha256=True)
+    finally:
+        mirror.close()
+
+
+def test_published_checksums_are_well_formed_and_say_where_they_come_from():
+    from repro.data import lra
+    from repro.text import streams
+
+    assert set(sources.PUBLISHED) == {"wikitext-103-v1.zip", "enwik8.zip", "text8.zip",
+                                      "1-billion-word-language-modeling-benchmark-r13output.tar.gz"}
+    tables = [p.kwargs() for p in sources.PUBLISHED.values()]
+    tables += [streams.WT103_RAW_PUBLISHED, lra.IMDB_PUBLISHED, lra.CIFAR10_PUBLISHED]
+    for table in tables:
+        assert table.get("sha256") is not None  # a sha256 for every pinned file
+        for algo, n in ALGORITHMS.items():
+            value = table.get(algo)
+            assert value is None or (len(value) == n and value == value.lower() and int(value, 16) >= 0)
+    for p in sources.PUBLISHED.values():  # repository and path of the record
+        assert p.source.count("/") >= 2 and " " in p.source
+
+
+def test_readme_lists_every_downloaded_file_with_its_checksum_source():
+    from repro.data import lra
+    from repro.text import dialogue, streams
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
+    names = [*sources.PUBLISHED, "1b_word_vocab.txt", "simple-examples.tgz", streams.WT103_RAW_URLS[0].rsplit("/")[-1],
+             lra.LRA_RELEASE_URL.rsplit("/")[-1], lra.IMDB_URL.rsplit("/")[-1], lra.CIFAR10_URL.rsplit("/")[-1],
+             f"{dialogue.CMU_DOG_COMMIT[:12]}"]
+    for name in names:
+        assert name in section, name
+    pinned = [p.sha256 for p in sources.PUBLISHED.values()]
+    pinned += [streams.WT103_RAW_PUBLISHED["sha256"], lra.IMDB_PUBLISHED["sha256"], lra.CIFAR10_PUBLISHED["sha256"]]
+    assert all(h[:12] in section for h in pinned)
+    assert section.count("no published checksum") >= 4  # vocabulary, PTB, lra_release.gz, CMU-DoG

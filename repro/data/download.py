@@ -3,17 +3,24 @@
 `download` fetches a URL (or the first of several mirrors that answers) into `<dest>.part`, resuming an
 interrupted transfer with an HTTP `Range: bytes=N-` request (RFC 9110 §14: a server that honours it answers
 206 Partial Content with a `Content-Range`, one that does not answers 200 with the whole file), checks the
-SHA-256 and size, and only then renames the file onto `dest` (`os.replace`, atomic on POSIX), so `dest` is
-either absent or complete. When no checksum is published for a file, `record_sha256=True` stores the one
-computed at the first download in a sidecar `<dest>.sha256` (the `sha256sum` format, so
-`sha256sum -c <dest>.sha256` works too) and every later use is verified against it: that detects a file
-damaged after it was fetched, not one that was wrong upstream.
+size and the published checksums, and only then renames the file onto `dest` (`os.replace`, atomic on POSIX), so
+`dest` is either absent or complete.
+
+Checksums: where the source or a maintained library publishes one for the file, the caller pins it (`sha256=`,
+and `md5=` / `sha1=` where only those are published, as torchvision's and gluon-nlp's dataset modules do); every
+one given is verified, and a file that does not match is refused. With `record_sha256=True` our own sha256 of the
+verified file is also written to a sidecar `<dest>.sha256` (the `sha256sum` format, so
+`sha256sum -c <dest>.sha256` works too), which later steps use as the file's identity. When nothing is published
+for a file (trust on first use), the sidecar holds the checksum computed at the first download and every later use
+is verified against it: that detects a file damaged after it was fetched, not one that was wrong upstream.
+README.md ("Downloaded files and their checksums") lists which files have a published checksum and which do not.
 
 When the network is unreachable the error says which URLs were tried, why each failed, and where to put the
 file by hand; a file placed there is used without any network access.
 
 A rehearsal mirror (`repro.data.mirror`, environment variable `REPRO_MIRROR`) changes only the base of every URL
-and the checksum verified: the mirror's published `SHA256SUMS` instead of the real one.
+and the checksum verified: the mirror's published `SHA256SUMS` instead of the real checksums and size (its files
+are miniatures).
 
 Standard library only (urllib.request, hashlib, zipfile).
 """
@@ -31,6 +38,7 @@ import urllib.request
 import zipfile
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from repro.io import atomic_path, atomic_write_text
@@ -50,7 +58,7 @@ class DownloadError(RuntimeError):
 
 
 class ChecksumError(RuntimeError):
-    """A file's SHA-256 differs from the published or recorded one."""
+    """A file's checksum (SHA-256, MD5 or SHA-1) differs from the published or recorded one."""
 
 
 class ArchiveError(RuntimeError):
@@ -62,11 +70,45 @@ class _LocalWriteError(RuntimeError):
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
+    return digests_file(path, ("sha256",))["sha256"]
+
+
+# The algorithms a published checksum may use, with the length of their hex digest.
+ALGORITHMS = {"sha256": 64, "sha1": 40, "md5": 32}
+
+
+@dataclass(frozen=True)
+class Published:
+    """A file's checksums as published by its source or a maintained library, and where each was read (`source`:
+    repository and path, so that anyone can check the value). `download(..., **p.kwargs())` verifies them all."""
+
+    source: str
+    sha256: str | None = None
+    md5: str | None = None
+    sha1: str | None = None
+    size: int | None = None
+
+    def kwargs(self) -> dict:
+        return {"sha256": self.sha256, "md5": self.md5, "sha1": self.sha1, "size": self.size}
+
+
+# For a file with no published checksum: trust on first use (`record_sha256=True` records it).
+NOT_PUBLISHED = {"sha256": None}
+
+
+def published_kwargs(table: dict[str, Published], name: str) -> dict:
+    """`download` arguments for `name`: its published checksums, or none (trust on first use) when `table` has none."""
+    return table[name].kwargs() if name in table else dict(NOT_PUBLISHED)
+
+
+def digests_file(path: str | os.PathLike, algorithms) -> dict[str, str]:
+    """The hex digests of `path` for each of `algorithms` (names of `ALGORITHMS`), in one pass over the file."""
+    hashes = {a: hashlib.new(a) for a in algorithms}
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+            for h in hashes.values():
+                h.update(block)
+    return {a: h.hexdigest() for a, h in hashes.items()}
 
 
 def sidecar_path(dest: str | os.PathLike) -> Path:
@@ -113,6 +155,8 @@ def download(
     dest: str | os.PathLike,
     *,
     sha256: str | None,
+    md5: str | None = None,
+    sha1: str | None = None,
     size: int | None = None,
     timeout: float = 60,
     record_sha256: bool = False,
@@ -122,11 +166,14 @@ def download(
     Args:
         url: a URL, or mirrors tried in order.
         dest: where the file goes; its folder is created.
-        sha256: the published checksum, or None when none is known.
+        sha256: the published SHA-256, or None when none is published.
+        md5: a published MD5, for files whose source or maintained library publishes only that (torchvision's
+            CIFAR-10 record, for one). Every checksum given (sha256, md5, sha1) is verified.
+        sha1: a published SHA-1 (gluon-nlp's records).
         size: the expected size in bytes, if known.
         timeout: seconds without an answer (connect or read) before a mirror counts as unreachable.
-        record_sha256: with `sha256=None`, record the checksum of the first download in `<dest>.sha256` and
-            verify against it on every later call.
+        record_sha256: write our sha256 of the verified file to `<dest>.sha256`. With no published checksum,
+            the one recorded at the first download is what every later call verifies against.
 
     A `dest` already present is verified and returned without any network access. An interrupted transfer
     leaves `<dest>.part`; the next call resumes it.
@@ -134,8 +181,11 @@ def download(
     urls = [url] if isinstance(url, str) else list(url)
     if not urls:
         raise ValueError("download() needs at least one URL")
+    published, origin = _published(sha256=sha256, md5=md5, sha1=sha1), "published"
     if base := os.environ.get(MIRROR_ENV):
-        urls, sha256 = _through_mirror(urls, base, timeout=timeout)
+        # the mirror's files are miniatures: its SHA256SUMS replace every real checksum, and the real size is moot
+        urls, mirror_sha256 = _through_mirror(urls, base, timeout=timeout)
+        published, origin, size = {"sha256": mirror_sha256}, "mirror", None
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     from repro.io import file_lock
@@ -143,15 +193,29 @@ def download(
     # two processes that need one file (the workers of `repro runs`) take turns: the second finds it downloaded,
     # instead of both appending to one `.part`
     with file_lock(dest.with_name(dest.name + ".lock")):
-        return _download(urls, dest, sha256=sha256, size=size, timeout=timeout, record_sha256=record_sha256)
+        return _download(urls, dest, published=published, published_origin=origin, size=size, timeout=timeout,
+                         record=record_sha256)
 
 
-def _download(urls: list[str], dest: Path, *, sha256: str | None, size: int | None, timeout: float,
-              record_sha256: bool) -> Path:
-    expected, origin = _expected_sha256(dest, sha256=sha256, record=record_sha256)
+def _published(**digests: str | None) -> dict[str, str]:
+    out = {}
+    for algo, value in digests.items():
+        if value is None:
+            continue
+        value = value.strip().lower()
+        if len(value) != ALGORITHMS[algo] or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError(f"{algo}={value!r} is not a {algo} digest ({ALGORITHMS[algo]} hex digits): copy it "
+                             "exactly from where it is published")
+        out[algo] = value
+    return out
+
+
+def _download(urls: list[str], dest: Path, *, published: dict[str, str], published_origin: str,
+              size: int | None, timeout: float, record: bool) -> Path:
+    checks, origin = _expected(dest, published=published, published_origin=published_origin, record=record)
 
     if dest.exists():
-        _verify_existing(dest, expected=expected, origin=origin, size=size, record=record_sha256)
+        _verify_existing(dest, checks=checks, origin=origin, size=size, record=record)
         return dest
 
     part = part_path(dest)
@@ -167,9 +231,9 @@ def _download(urls: list[str], dest: Path, *, sha256: str | None, size: int | No
                 err.close()  # it holds the error page's socket open
             errors.append((u, err))
             continue
-        _finish(u, part, dest, expected=expected, origin=origin, size=size, record=record_sha256)
+        _finish(u, part, dest, checks=checks, origin=origin, size=size, record=record)
         return dest
-    raise DownloadError(_offline_message(dest, errors, expected=expected, origin=origin, record=record_sha256))
+    raise DownloadError(_offline_message(dest, errors, checks=checks, origin=origin, record=record))
 
 
 # A rehearsal mirror (`repro.data.mirror`): when set, every URL `scheme://host/path` is fetched from
@@ -206,39 +270,66 @@ def _through_mirror(urls: list[str], base: str, *, timeout: float) -> tuple[list
     raise DownloadError(f"the mirror {base} holds none of {', '.join(urls)}: rebuild it (`repro mirror build DIR`)")
 
 
-def _expected_sha256(dest: Path, *, sha256: str | None, record: bool) -> tuple[str | None, str]:
-    if sha256 is not None:
-        return sha256.lower(), "published"
+def _expected(dest: Path, *, published: dict[str, str], published_origin: str,
+              record: bool) -> tuple[dict[str, str], str]:
+    """The checksums to verify (algorithm → hex digest) and where they come from: "published" (or "mirror"),
+    "recorded" (the sidecar of an earlier download of a file with no published checksum) or "none"."""
+    if published:
+        return published, published_origin
     if record:
         recorded = read_sidecar(dest)
         if recorded is not None:
-            return recorded, "recorded"
-    return None, "none"
+            return {"sha256": recorded}, "recorded"
+    return {}, "none"
 
 
-def _mismatch(what: str, *, expected: str, actual: str, origin: str) -> str:
+def _mismatch(what: str, *, algo: str, expected: str, actual: str, origin: str) -> str:
     if origin == "recorded":
-        return (f"{what} has sha256 {actual}, but {expected} was recorded when it was first downloaded "
+        return (f"{what} has {algo} {actual}, but {expected} was recorded when it was first downloaded "
                 f"(not a published checksum): the file changed since")
-    return f"{what} has sha256 {actual}, expected {expected}"
+    if origin == "mirror":
+        return f"{what} has {algo} {actual}, expected {expected} (the mirror's SHA256SUMS)"
+    return f"{what} has {algo} {actual}, expected the published {algo} {expected}"
 
 
-def _verify_existing(dest: Path, *, expected: str | None, origin: str, size: int | None, record: bool) -> None:
+def _first_mismatch(actual: dict[str, str], checks: dict[str, str]) -> tuple[str, str] | None:
+    for algo, expected in checks.items():
+        if actual[algo] != expected:
+            return algo, expected
+    return None
+
+
+def _record(dest: Path, digest: str, *, origin: str, found: bool) -> None:
+    """Write our sha256 of the verified `dest` to its sidecar (unless it already holds it)."""
+    if origin == "recorded":
+        return  # verified against the sidecar itself
+    try:
+        if read_sidecar(dest) == digest:
+            return
+    except ChecksumError:
+        pass  # a malformed sidecar: replaced below
+    _write_sidecar(dest, digest)
+    if origin == "none":
+        how = "the file as found" if found else "this download"
+        _say(f"recorded sha256 {digest} of {dest} in {sidecar_path(dest)} (computed from {how}, not verified "
+             "against a published value; later runs verify against it)")
+
+
+def _verify_existing(dest: Path, *, checks: dict[str, str], origin: str, size: int | None, record: bool) -> None:
     if size is not None and (actual_size := dest.stat().st_size) != size:
         raise ChecksumError(f"{dest} has {actual_size:,} bytes, expected {size:,}; delete it and run again to "
                             "download it afresh")
-    if expected is None and not record:
+    wanted = set(checks) | ({"sha256"} if record else set())
+    if not wanted:
         return
-    actual = sha256_file(dest)
-    if expected is None:  # placed by hand: nothing to check against yet, so remember it from now on
-        _write_sidecar(dest, actual)
-        _say(f"recorded sha256 {actual} of {dest} in {sidecar_path(dest)} (computed from the file as found, "
-             "not verified against a published value; later runs verify against it)")
-        return
-    if actual != expected:
+    actual = digests_file(dest, wanted)
+    if bad := _first_mismatch(actual, checks):
+        algo, expected = bad
         extra = f" (and its recorded checksum {sidecar_path(dest)})" if origin == "recorded" else ""
-        raise ChecksumError(f"{_mismatch(str(dest), expected=expected, actual=actual, origin=origin)}. "
-                            f"Delete {dest}{extra} and run again to download it afresh.")
+        raise ChecksumError(f"{_mismatch(str(dest), algo=algo, expected=expected, actual=actual[algo], origin=origin)}"
+                            f". Delete {dest}{extra} and run again to download it afresh.")
+    if record:  # placed by hand with nothing to check against yet: remembered from now on
+        _record(dest, actual["sha256"], origin=origin, found=True)
 
 
 def _open(url: str, *, start: int, timeout: float):
@@ -313,36 +404,38 @@ def _fetch(url: str, part: Path, *, timeout: float, size: int | None) -> None:
             raise http.client.IncompleteRead(b"", remaining - (got - start))
 
 
-def _finish(url: str, part: Path, dest: Path, *, expected: str | None, origin: str, size: int | None,
+def _finish(url: str, part: Path, dest: Path, *, checks: dict[str, str], origin: str, size: int | None,
             record: bool) -> None:
     actual_size = part.stat().st_size
     if size is not None and actual_size != size:
         part.unlink()
-        raise ChecksumError(f"{url} gave {actual_size:,} bytes, expected {size:,}; the partial file was deleted. "
-                            "Run again to retry, or use another mirror.")
-    actual = sha256_file(part)
-    if expected is not None and actual != expected:
+        raise ChecksumError(f"{dest.name} downloaded from {url} has {actual_size:,} bytes, expected {size:,}; the "
+                            f"download was deleted. Run again to retry, or fetch the file by hand to {dest}.")
+    wanted = set(checks) | ({"sha256"} if record else set())
+    actual = digests_file(part, wanted) if wanted else {}
+    if bad := _first_mismatch(actual, checks):
+        algo, expected = bad
         part.unlink()
         hint = (f" If the file was legitimately updated upstream, delete {sidecar_path(dest)} as well."
                 if origin == "recorded" else "")
-        raise ChecksumError(f"{_mismatch(url, expected=expected, actual=actual, origin=origin)}; the download "
-                            f"was deleted. Run again to retry, or fetch the file by hand to {dest}.{hint}")
+        what = f"{dest.name} downloaded from {url}"
+        raise ChecksumError(f"{_mismatch(what, algo=algo, expected=expected, actual=actual[algo], origin=origin)}; "
+                            f"the download was deleted. Run again to retry, or fetch the file by hand to {dest}.{hint}")
     os.replace(part, dest)
-    if record and expected is None:
-        _write_sidecar(dest, actual)
-        _say(f"recorded sha256 {actual} of {dest.name} in {sidecar_path(dest)} (computed from this download, not "
-             "verified against a published value; later runs verify against it)")
+    if record:
+        _record(dest, actual["sha256"], origin=origin, found=False)
 
 
-def _offline_message(dest: Path, errors: list[tuple[str, BaseException]], *, expected: str | None,
+def _offline_message(dest: Path, errors: list[tuple[str, BaseException]], *, checks: dict[str, str],
                      origin: str, record: bool) -> str:
     tried = "\n".join(f"  {u}: {type(e).__name__}: {e}" for u, e in errors)
-    if origin == "published":
-        must = f"It must have sha256 {expected}."
+    listed = ", ".join(f"{algo} {v}" for algo, v in checks.items())
+    if origin in ("published", "mirror"):
+        must = f"It must have {listed}" + (" (the mirror's SHA256SUMS)." if origin == "mirror" else " (published).")
     elif origin == "recorded":
-        must = f"It must have sha256 {expected} (recorded in {sidecar_path(dest)} at an earlier download)."
+        must = f"It must have {listed} (recorded in {sidecar_path(dest)} at an earlier download)."
     else:
-        must = "No published sha256 is known for it" + ("; its sha256 is recorded at first use." if record else ".")
+        must = "No published checksum is known for it" + ("; its sha256 is recorded at first use." if record else ".")
     part = part_path(dest)
     kept = (f"\nThe partial download ({part.stat().st_size:,} bytes) is kept in {part}; running again resumes it."
             if part.exists() else "")

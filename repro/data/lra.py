@@ -67,8 +67,16 @@ PAD = 0
 LRA_RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-# No checksums are published for these archives: the first download records its sha256 beside the file
-# (`<file>.sha256`) and later uses are verified against it (see repro.data.download).
+# Checksums published for the same files (copied exactly from the file named; `download` verifies every one given):
+# IMDb: sha256 and size in tensorflow/datasets tensorflow_datasets/url_checksums/imdb_reviews.txt, the same in
+# huggingface/datasets datasets/imdb/dataset_infos.json. CIFAR-10: sha256 in keras-team/keras
+# keras/src/datasets/cifar10.py (`file_hash`), the same in tensorflow/datasets url_checksums/cifar10.csv; MD5 in
+# pytorch/vision torchvision/datasets/cifar.py (`tgz_md5`). No checksum is published for lra_release.gz (the LRA
+# README gives only the URL): the first download records its sha256 beside the file (`<file>.sha256`) and later uses
+# are verified against it (trust on first use, see repro.data.download).
+IMDB_PUBLISHED = {"sha256": "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe", "size": 84_125_825}
+CIFAR10_PUBLISHED = {"sha256": "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+                     "md5": "c58f30108f718f92721af3b95e74349a"}
 
 # ------------------------------------------------------------------------------------------------ ListOps
 
@@ -508,7 +516,7 @@ def _release(raw_root: Path) -> Path:
 
 
 def _build_text(raw: Path, *, max_len: int, **_) -> tuple[dict, dict]:
-    archive = download(IMDB_URL, raw / "aclImdb_v1.tar.gz", sha256=None, record_sha256=True)
+    archive = download(IMDB_URL, raw / "aclImdb_v1.tar.gz", **IMDB_PUBLISHED, record_sha256=True)
     return _text_splits(read_imdb(archive), max_len), {"source": IMDB_URL}
 
 
@@ -535,7 +543,7 @@ def _retrieval_splits(folder: Path, max_len: int) -> dict[str, Split]:
 
 
 def _build_image(raw: Path, *, max_len: int, **_) -> tuple[dict, dict]:
-    archive = download(CIFAR10_URL, raw / "cifar-10-python.tar.gz", sha256=None, record_sha256=True)
+    archive = download(CIFAR10_URL, raw / "cifar-10-python.tar.gz", **CIFAR10_PUBLISHED, record_sha256=True)
     return _image_splits(read_cifar10(archive), n_valid=5000), {"source": CIFAR10_URL}
 
 

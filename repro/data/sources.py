@@ -13,7 +13,9 @@ Sources (the project's reference notes):
   http://mattmahoney.net/dc/text8.zip, member `text8`.
 
 Each archive lands in `raw_dir` (e.g. `data/raw/<corpus>/`); an archive placed there by hand is used without
-network access.
+network access. Checksums: `PUBLISHED` pins the ones a maintained library publishes for the same file (each with
+its repository and path); the files without one (PTB's simple-examples.tgz, the One Billion Word vocabulary) are
+trusted on first use. README.md, "Downloaded files and their checksums", has the table.
 """
 
 from __future__ import annotations
@@ -25,22 +27,44 @@ from pathlib import Path
 
 from repro.data.download import (
     DownloadError,
+    Published,
     download,
     extract_member,
+    published_kwargs,
     read_member,
     read_sidecar,
     sha256_file,
 )
 from repro.io import atomic_path, atomic_write_json
 
-# SHA-256 of the archives, to be filled in from a first verified download. Until then (None) the checksum
-# computed at the first download is recorded in `<archive>.sha256` and every later use is verified against
-# it, which catches a file damaged after download, not one that was wrong when fetched. Never fill in a value
-# that was not computed from a real download.
-KNOWN_SHA256: dict[str, str | None] = {
-    "wikitext-103-v1.zip": None,
-    "enwik8.zip": None,
-    "text8.zip": None,
+# Checksums published for the same files by maintained libraries, copied exactly from the file named (read through
+# the code index, not computed by us; never fill in a value that was not read from such a record). `download`
+# verifies every one given and refuses a file that differs; files not listed here are trusted on first use (the
+# checksum of the first download is recorded in `<archive>.sha256` and later uses are verified against it).
+PUBLISHED: dict[str, Published] = {
+    # the same sha256 appears in other projects' download code (Julia DataDeps registrations, found through the code
+    # index); gluon-nlp pins SHA-1 0aec09a7537b58d4bb65362fee27650eeaba625a (its WikiText103 `_archive_file`)
+    # and torchtext MD5 9ddaacaf6af0710eda8c456decff7832 (torchtext/experimental/datasets/raw/wikitext103.py)
+    "wikitext-103-v1.zip": Published(
+        source="huggingface/datasets datasets/wikitext/dataset_infos.json (download_checksums)",
+        sha256="242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590", size=190_229_076),
+    # the same sha256 appears in other projects' download code (Julia DataDeps `register_enwiki8`, found through the
+    # code index)
+    "enwik8.zip": Published(
+        source="huggingface/datasets datasets/enwik8/dataset_infos.json (download_checksums)",
+        sha256="547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc", size=36_445_475),
+    # gluon-nlp pins SHA-1 6c70299b93b7e1f927b42cd8f6ac1a31547c7a2e for the same URL
+    # (gluonnlp/data/word_embedding_training.py, `Text8.archive_file`)
+    "text8.zip": Published(
+        source="tensorflow/tensorflow tensorflow/examples/tutorials/word2vec/word2vec_basic.py (maybe_download)",
+        sha256="a6640522afe85d1963ad56c05b0ede0a0c000dddc9671758a6cc09b7a38e5232", size=31_344_016),
+    # the same sha256 appears in other projects' download code (`tf.keras.utils.get_file(..., file_hash=...)` calls,
+    # Julia DataDeps registrations, found through the code index)
+    "1-billion-word-language-modeling-benchmark-r13output.tar.gz": Published(
+        source="tensorflow/datasets tensorflow_datasets/url_checksums/lm1b.txt",
+        sha256="01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e", size=1_792_209_805),
+    # No published checksum was found for `1b_word_vocab.txt` nor for PTB's `simple-examples.tgz` (tutorials pin
+    # only its size): both are trusted on first use.
 }
 
 # The working mirror first: the S3 original answers 403 but is kept in case it comes back.
@@ -64,7 +88,7 @@ def _fetch_archive(raw_dir: Path, name: str, urls: Sequence[str] | None, default
                    timeout: float) -> Path:
     raw_dir.mkdir(parents=True, exist_ok=True)
     return download(list(urls) if urls is not None else list(default), raw_dir / name,
-                    sha256=KNOWN_SHA256.get(name), record_sha256=True, timeout=timeout)
+                    **published_kwargs(PUBLISHED, name), record_sha256=True, timeout=timeout)
 
 
 def _read_stamp(folder: Path) -> dict | None:
@@ -112,8 +136,9 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
                                 f"{type(hf_err).__name__}: {hf_err}") from err
         return files
 
-    # download() verified the archive against its published or recorded checksum.
-    digest = KNOWN_SHA256.get(zip_path.name) or read_sidecar(zip_path) or sha256_file(zip_path)
+    # download() verified the archive against its published or recorded checksum and wrote our sha256 to the
+    # sidecar (the real file's, or a rehearsal mirror's miniature's: the stamp tells them apart).
+    digest = read_sidecar(zip_path) or sha256_file(zip_path)
     if _stamp_matches(stamp, files, source=f"{zip_path.name} sha256:{digest}"):
         return files
     (folder / _STAMP).unlink(missing_ok=True)  # the files are about to change: invalid until all three are done
@@ -184,8 +209,8 @@ LM1B_TEST_SHARD = "news.en.heldout-00000-of-00050"  # the benchmark's test set
 # test.txt, so its validation numbers are test numbers (papers/transformer_xl/README.md, Deviations).
 LM1B_VALID_SHARD = "news.en.heldout-00001-of-00050"
 PTB_URLS = ("http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",)
-# No checksum is published for these files: `KNOWN_SHA256.get(name)` is None, so the first download's checksum is
-# recorded beside the file and later uses are verified against it.
+# The tarball's sha256 is pinned in `PUBLISHED`; the vocabulary and PTB's archive have none published, so the first
+# download's checksum is recorded beside the file and later uses are verified against it.
 
 
 def _extract_tar(tar_path: Path, folder: Path, wanted) -> dict[str, Path]:
@@ -196,7 +221,7 @@ def _extract_tar(tar_path: Path, folder: Path, wanted) -> dict[str, Path]:
 
     from repro.data.download import ArchiveError
 
-    digest = KNOWN_SHA256.get(tar_path.name) or read_sidecar(tar_path) or sha256_file(tar_path)
+    digest = read_sidecar(tar_path) or sha256_file(tar_path)
     source = f"{tar_path.name} sha256:{digest}"
     stamp = _read_stamp(folder)
     if stamp is not None and stamp.get("source") == source:

@@ -427,6 +427,8 @@ class DialogueChunks:
 # ----------------------------------------------------------------------------------------- sources on disk
 CMU_DOG_COMMIT = "618a14f27546165859305649aa84e6ac8710bb63"  # festvox/datasets-CMU_DoG, newest commit read
 CMU_DOG_URL = f"https://github.com/festvox/datasets-CMU_DoG/archive/{CMU_DOG_COMMIT}.zip"
+# No checksum is published for this archive (GitHub generates it on request and does not promise the same bytes
+# over time): trusted on first use, its sha256 recorded beside it. The commit pins the content.
 
 
 def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:

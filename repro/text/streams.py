@@ -8,8 +8,9 @@ concatenated; `repro.data.lm.LMSegments` serves it in order (B contiguous stream
 
 Sources:
 - `wt103-raw`: `wikitext-103-raw-v1.zip` (members `wikitext-103-raw/wiki.{train,valid,test}.raw`) from the
-  mirror https://wikitext.smerity.com/ (the original S3 link answers 403), checksum recorded at the first
-  download; the raw (untokenized) text, as GPT-2 needs. Documents are cut at the top-level headings ` = Title = `.
+  mirror https://wikitext.smerity.com/ (the original S3 link answers 403), verified against the sha256 and size
+  that Hugging Face `datasets` publishes for it (`WT103_RAW_PUBLISHED`); the raw (untokenized) text, as GPT-2
+  needs. Documents are cut at the top-level headings ` = Title = `.
 - `pg19`: the parquet copy `emozilla/pg19` on the Hugging Face hub through `datasets` (PAPERS.md §5: the
   `deepmind/pg19` loading script no longer runs), train: the first `pg19_train_books` rows (2,000), validation and
   test: all books. Written once as JSON lines under `<data>/raw/pg19/` (atomic).
@@ -37,6 +38,10 @@ SPLITS = ("train", "valid", "test")
 SOURCES = ("wt103-raw", "pg19", "embedded")
 WT103_RAW_URLS = ("https://wikitext.smerity.com/wikitext-103-raw-v1.zip",
                   "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip")
+# Published for the same archive (copied exactly; the same sha256 appears in Julia DataDeps registrations of
+# WikiText-103-raw-v1): every download and every later use is verified against it.
+WT103_RAW_PUBLISHED = {"sha256": "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794",
+                       "size": 191_984_949}  # huggingface/datasets datasets/wikitext/dataset_infos.json
 PG19_HF = "emozilla/pg19"
 PG19_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 _HEADING = re.compile(r"^ = [^=].* = \n?$")
@@ -55,7 +60,7 @@ def split_wikitext_documents(text: str) -> list[str]:
 def wt103_raw_documents(raw: Path, split: str) -> list[str]:
     from repro.data.download import download, read_member
 
-    archive = download(WT103_RAW_URLS, raw / "wikitext-103-raw-v1.zip", sha256=None, record_sha256=True)
+    archive = download(WT103_RAW_URLS, raw / "wikitext-103-raw-v1.zip", **WT103_RAW_PUBLISHED, record_sha256=True)
     name = {"train": "train", "valid": "valid", "test": "test"}[split]
     text = read_member(archive, f"wikitext-103-raw/wiki.{name}.raw").decode("utf-8")
     return split_wikitext_documents(text)
