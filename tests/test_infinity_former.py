@@ -17,6 +17,7 @@ from papers.infinity_former.ltm import (
     fit_positions,
     kl_to_sigma0,
     linear_samples,
+    pad_positions,
     rbf_centres,
     ridge_matrix,
     sticky_samples,
@@ -249,6 +250,22 @@ def test_regression_and_attention_stay_float32_under_bf16_autocast():
         for _ in range(3):
             h, mems = model(tokens, mems, mem_len=4)
     assert mems[4].dtype == torch.float32 and torch.isfinite(h).all()
+
+
+def test_update_pad_grids_official_and_ours():
+    """`grid: ours` continues the fit grid (spacing 1/n, first pad half a spacing out); `grid: official` is the
+    official G_inf's linspace(−½ + s, 3/2 − s, 2n), s = 1/(2·n_new + n_old), n/2 pads per side, nearer the
+    boundary; a first fit is the same under both."""
+    left, right = pad_positions(40, n_old=32, grid="ours")
+    assert_close(left, -(torch.arange(20, dtype=torch.float64).flip(0) + 0.5) / 40)
+    assert_close(right, 1 + (torch.arange(20, dtype=torch.float64) + 0.5) / 40)
+    left_o, right_o = pad_positions(40, n_old=32, grid="official")
+    assert left_o.numel() == right_o.numel() == 20
+    assert 0 < -left_o[-1].item() < 0.5 / 40 and 0 < right_o[0].item() - 1 < 0.5 / 40
+    for a, b in zip(pad_positions(10, grid="official"), pad_positions(10, grid="ours")):
+        assert_close(a, b)
+    with pytest.raises(ValueError, match="'official' or 'ours'"):
+        LTMConfig(grid="theirs")
 
 
 def test_config_errors_say_what_to_do():

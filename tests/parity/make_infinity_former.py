@@ -24,6 +24,28 @@ coefficients B (`output.B`: (steps, B, N, d), their `B_past`). Sticky cases also
 update drew (`output.sample_points`: (steps − 1, B, 512), recorded from their `batch_evaluate` calls) and the
 bin probabilities they drew them from (`output.bin_probs`: (steps − 1, B, 128), recorded from the `Categorical`
 they build), so that the test can feed the same points to our module.
+
+Parameter counts (`tests/parity/infinity_former/param_counts.pt`, `count_parameters`): the whole official models
+built at the paper configs' settings, on the meta device (their `LongTermAttention` constructors, which iterate
+over tensors, run on the CPU inside it). Sorting: `sorting/mem_transformer.py` `MemTransformerLM` with the
+arguments of `run_sort_inftyformer.sh` (22 tokens, 3 layers, d_model 300, 6 × 50 heads, d_inner 300, segments and
+augment_len 1024; N = 256 … 2048; without `long_term_attention` for Transformer-XL), called with its own signature
+(their `train.py` passes `continuous_attention=` and `nfinite_memory=`, which the constructor does not accept);
+shims: `torch.version.cuda` set while their `utils/proj_adaptive_softmax.py` is imported (it parses it), stub
+modules `attention` and `long_term_attention_transformer` (imported by `mem_transformer.py`, absent
+from the release, used by no setting here), `share_mask` as above. GPT-2: each copy's `modeling_gpt2.py`
+`GPT2LMHeadModel` imported from the checkout as a package whose `...` imports (`activations`, `file_utils`,
+`modeling_outputs`, `modeling_utils`, `utils`) are the installed `transformers`' modules (the docstring decorators
+no-ops; `SequenceSummary`, `prune_conv1d_layer` & co., `model_parallel_utils`: stand-ins no GPT2LMHeadModel uses);
+`init_weights` only ties the output layer to the input embedding (what it did in their transformers 4.5, without
+drawing weights); `add_cross_attention=False` (a 4.5 config default). Language modelling: their config files
+`finetune_gpt2/infinite_memory_transformer{,_sticky_mem}/config.json` (`run_clm.py --config_name`), the GPT-2
+baseline the same without `long_term_attention` (= the hub's `gpt2`). Dialogue: `GPT2ConfigInftyFormer{,Sticky}`
+(the `config_class` lines of their `modeling_gpt2.py`) with GPT-2 small's sizes and the 6 special tokens their
+`train.py` adds (vocabulary 50,263). Also stored per model: the parameters it builds but never reads (checked on
+the source: their name occurs once, at the definition): `qkv_net_` in every sorting layer, `proj_query` in every
+`LongTermAttention`. The official code has no compressive transformer (sorting or GPT-2) and no sticky memories in
+its sorting code.
 """
 
 from __future__ import annotations
@@ -32,6 +54,7 @@ import importlib.util
 import sys
 import types
 from contextlib import contextmanager
+from copy import deepcopy
 from pathlib import Path
 
 import torch
@@ -191,13 +214,201 @@ def make_case(checkout: Path, name: str, case: dict, commit: str) -> None:
     print(f"{name}: {sum(v.numel() for v in tensors.values())} numbers")
 
 
+# ------------------------------------------------------------------------------------------ parameter counts
+
+SORT_N_BASIS = (256, 512, 1024, 2048)
+# parameters the official code builds and never reads: (source file, attribute) — checked to occur once
+UNREAD = {
+    "sorting": [("sorting/mem_transformer.py", "qkv_net_"), ("sorting/long_term_attention.py", "proj_query")],
+    "finetune_gpt2": [(GPT2_DIRS["finetune_gpt2"] + "/long_term_attention.py", "proj_query")],
+    "document_grounded_generation": [(GPT2_DIRS["document_grounded_generation"] + "/long_term_attention.py",
+                                      "proj_query")],
+}
+GPT2_SIZES = ("vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner",
+              "activation_function", "layer_norm_epsilon")
+
+
+def _ltm_on_cpu(cls):
+    """Their LTM constructor iterates over tensors (impossible on the meta device): run it on the CPU, once per
+    argument set (seconds each on a loaded CPU); the other layers get a copy of that module's state."""
+    if not getattr(cls.__init__, "_on_cpu", False):
+        original = cls.__init__
+        built = {}
+
+        def init(self, *args, **kwargs):
+            key = repr((args, sorted(kwargs.items())))
+            if key not in built:
+                with torch.device("cpu"):
+                    original(self, *args, **kwargs)
+                built[key] = self
+            else:
+                nn_init = torch.nn.Module.__init__
+                nn_init(self)
+                self.__dict__.update(deepcopy(built[key]).__dict__)
+
+        init._on_cpu = True
+        cls.__init__ = init
+
+
+def _counts(model: torch.nn.Module, copy: str, checkout: Path) -> dict:
+    unread = {}
+    for path, attr in UNREAD[copy]:
+        source = (checkout / path).read_text()
+        if source.count(f".{attr}") != 1:
+            raise SystemExit(f"{path}: `{attr}` is read somewhere now; recheck UNREAD")
+        unread[attr] = sum(p.numel() for n, p in model.named_parameters() if f".{attr}." in f".{n}")
+    total = sum(p.numel() for p in model.parameters())
+    return {"total": total, "unread": unread, "used": total - sum(unread.values())}
+
+
+def _sorting_counts(checkout: Path) -> dict:
+    _stub_entmax()
+    for name in ("attention", "long_term_attention_transformer"):  # imported by mem_transformer.py, not released
+        stub = types.ModuleType(name)
+        stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
+        sys.modules[name] = stub
+    out = {}
+    cuda_version = torch.version.cuda
+    torch.version.cuda = cuda_version or "10.0"  # read at import by their utils/proj_adaptive_softmax.py
+    with on_path(checkout / "sorting"), on_path(checkout / "sorting" / "utils"):
+        try:
+            import long_term_attention as lta
+            import mem_transformer as mt
+        finally:
+            torch.version.cuda = cuda_version
+
+        lta.LongTermAttention.share_mask = False
+        _ltm_on_cpu(lta.LongTermAttention)
+        base = dict(n_token=22, n_layer=3, n_head=6, d_model=300, d_head=50, d_inner=300, dropout=0.1, dropatt=0.0,
+                    tie_weight=True, tgt_len=1024, eval_tgt_len=1024, ext_len=0, attn_type=0)
+        settings = {"sorting_txl": dict(mem_len=2048)}
+        for n in SORT_N_BASIS:
+            settings[f"sorting_infty_n{n}"] = dict(
+                mem_len=1024, long_term_attention=True, long_term_attention_basis=n, long_term_attention_norm="softmax",
+                infinite_memory=True, n_layers=3, augment_len=1024, affines=True, mask=True, mask_type="cnn",
+                kl_regularizer=True, sigma_0=0.05)
+        for key, extra in settings.items():
+            with _cuda_on_cpu(), torch.device("meta"):
+                model = mt.MemTransformerLM(**base, **extra)
+            out[key] = _counts(model, "sorting", checkout)
+    for name in ("attention", "long_term_attention_transformer"):
+        sys.modules.pop(name, None)
+    return out
+
+
+def _load_official_gpt2(checkout: Path, copy: str):
+    """Their `modeling_gpt2.py` with its `...` imports answered by the installed `transformers`."""
+    import transformers.activations
+    import transformers.configuration_utils
+    import transformers.modeling_outputs
+    import transformers.modeling_utils
+    import transformers.pytorch_utils
+    import transformers.utils
+
+    def decorator(*args, **kwargs):
+        return lambda f: f
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        m.__path__ = []
+        sys.modules[name] = m
+        return m
+
+    root = f"_official_hf_{copy}"
+    module(root)
+    module(f"{root}.activations", ACT2FN=transformers.activations.ACT2FN)
+    module(f"{root}.file_utils", ModelOutput=transformers.utils.ModelOutput, add_code_sample_docstrings=decorator,
+           add_start_docstrings=decorator, add_start_docstrings_to_model_forward=decorator,
+           replace_return_docstrings=decorator)
+    module(f"{root}.modeling_outputs", **{k: getattr(transformers.modeling_outputs, k) for k in (
+        "BaseModelOutputWithPastAndCrossAttentions", "CausalLMOutputWithCrossAttentions",
+        "SequenceClassifierOutputWithPast")})
+    module(f"{root}.modeling_utils", Conv1D=transformers.pytorch_utils.Conv1D,
+           PreTrainedModel=transformers.modeling_utils.PreTrainedModel, SequenceSummary=torch.nn.Module,
+           find_pruneable_heads_and_indices=None, prune_conv1d_layer=None)
+    module(f"{root}.configuration_utils", PretrainedConfig=transformers.configuration_utils.PretrainedConfig)
+    module(f"{root}.utils", logging=transformers.utils.logging)
+    module(f"{root}.utils.model_parallel_utils", assert_device_map=None, get_device_map=None)
+    module(f"{root}.models")
+    module(f"{root}.models.gpt2").__path__ = [str(checkout / GPT2_DIRS[copy])]
+    return importlib.import_module(f"{root}.models.gpt2.modeling_gpt2"), root
+
+
+def _gpt2_counts(checkout: Path) -> dict:
+    import json
+
+    import transformers.modeling_utils
+
+    _stub_entmax()
+    pretrained = transformers.modeling_utils.PreTrainedModel
+
+    def init_weights(self):  # transformers 4.5: draw the weights (not needed for a count), tie the output layer
+        out_emb, in_emb = self.get_output_embeddings(), self.get_input_embeddings()
+        if out_emb is not None and in_emb is not None:
+            out_emb.weight = in_emb.weight
+
+    original_init_weights = pretrained.init_weights
+    pretrained.init_weights = init_weights
+    lm_json = {name: json.loads((checkout / "finetune_gpt2" / name / "config.json").read_text())
+               for name in ("infinite_memory_transformer", "infinite_memory_transformer_sticky_mem")}
+    small = {k: lm_json["infinite_memory_transformer"][k] for k in GPT2_SIZES}  # the hub's gpt2 sizes
+    out = {}
+    try:
+        for copy in ("finetune_gpt2", "document_grounded_generation"):
+            modeling, root = _load_official_gpt2(checkout, copy)
+            _ltm_on_cpu(modeling.LongTermAttention)
+
+            def config(module_name, cls, **kwargs):
+                return getattr(importlib.import_module(f"{root}.models.gpt2.{module_name}"), cls)(
+                    add_cross_attention=False, **kwargs)
+
+            if copy == "finetune_gpt2":
+                configs = {
+                    "lm_gpt2": config("configuration_gpt2", "GPT2Config",
+                                      **dict(lm_json["infinite_memory_transformer"], long_term_attention=False)),
+                    "lm_inftyformer": config("configuration_gpt2", "GPT2Config",
+                                             **lm_json["infinite_memory_transformer"]),
+                    "lm_inftyformer_sticky": config("configuration_gpt2", "GPT2Config",
+                                                    **lm_json["infinite_memory_transformer_sticky_mem"]),
+                }
+            else:
+                dialogue = dict(small, vocab_size=small["vocab_size"] + 6)  # train.py's 6 special tokens
+                configs = {
+                    "dialogue_gpt2": config("configuration_gpt2", "GPT2Config", **dialogue),
+                    "dialogue_inftyformer": config("configuration_gpt2_inftyformer", "GPT2ConfigInftyFormer",
+                                                   **dialogue),
+                    "dialogue_inftyformer_sticky": config("configuration_gpt2_inftyformer_sticky",
+                                                          "GPT2ConfigInftyFormerSticky", **dialogue),
+                }
+            for key, cfg in configs.items():
+                with _cuda_on_cpu(), torch.device("meta"):
+                    model = modeling.GPT2LMHeadModel(cfg)
+                out[key] = _counts(model, copy, checkout)
+    finally:
+        pretrained.init_weights = original_init_weights
+    return out
+
+
+def count_parameters(checkout: Path, commit: str) -> None:
+    counts = _sorting_counts(checkout) | _gpt2_counts(checkout)
+    tensors = {f"count.{k}.{part}": torch.tensor(v[part]) for k, v in counts.items() for part in ("total", "used")}
+    meta = {"repo": "deep-spin/infinite-former", "commit": commit, "counts": counts,
+            "unread": {copy: [attr for _, attr in pairs] for copy, pairs in UNREAD.items()}}
+    save_fixture(OUT / "param_counts.pt", tensors, meta)
+    for key, v in counts.items():
+        print(f"{key}: {v['total']:,} built, {v['used']:,} used")
+
+
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python tests/parity/make_infinity_former.py /path/to/infinite-former")
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--counts-only"):
+        raise SystemExit("usage: python tests/parity/make_infinity_former.py /path/to/infinite-former [--counts-only]")
     checkout = Path(sys.argv[1]).resolve()
     commit = checkout_commit(checkout)
-    for name, case in CASES.items():
-        make_case(checkout, name, case, commit)
+    if len(sys.argv) == 2:
+        for name, case in CASES.items():
+            make_case(checkout, name, case, commit)
+    count_parameters(checkout, commit)
 
 
 if __name__ == "__main__":

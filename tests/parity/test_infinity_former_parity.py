@@ -13,6 +13,9 @@ behaviour and gets agreement, so that the deviation is the only difference:
   the official constructor's formula) and put into our cache of ridge matrices removes that difference;
 - sticky memories: their sample points (the left edges of the drawn bins) are fed to our update; we check they are
   bin edges and that our histogram equals the bin probabilities they drew them from.
+Parameter counts (`param_counts.pt`, the official sorting and GPT-2 models built at the paper settings):
+every paper config equals the official count less the parameters the official code builds and never reads,
+with one documented difference (our sorting output bias, +22); the compressive baselines have no official code.
 Sensitivity: dropping the carried memory, swapping two of the gate's biases, or leaving out the μ term of the
 language-modelling KL moves the result by far more than the tolerance.
 """
@@ -20,6 +23,7 @@ language-modelling KL moves the result by far more than the tolerance.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,7 +40,7 @@ from papers.infinity_former.ltm import (
 from tests.parity.common import HERE, TOLERANCE, load_fixture
 
 FIXTURES = HERE / "infinity_former"
-CASES = sorted(p.stem for p in FIXTURES.glob("*.pt"))
+CASES = sorted(p.stem for p in FIXTURES.glob("*.pt") if p.stem != "param_counts")  # LTM cases
 
 # their parameter -> ours (ContinuousLTM)
 NAME_MAP = {
@@ -203,3 +207,62 @@ def test_official_grid_option_builds_the_official_G():
         ltm = ContinuousLTM(d_model=8, n_head=2, d_head=4, cfg=cfg)
         ours = ltm.ridge_G("update", 512, n_new, "cpu")
         torch.testing.assert_close(ours, official_update_G(cfg, 512, n_new).float(), atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ parameter counts
+
+PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "infinity_former" / "paper"
+# the official model each paper config corresponds to (`param_counts.pt`); None: the official code has none
+OFFICIAL_MODEL = [
+    (r"sort_\d+_txl", "sorting_txl"),
+    (r"sort_\d+_infty(_sticky)?", "sorting_infty_n1024"),  # sticky adds no parameters (no sorting sticky code)
+    (r"sort_8000_infty_n(\d+)", "sorting_infty_n{0}"),
+    (r"sort_\d+_compressive", None),
+    (r"gpt2_(wt103|pg19)_gpt2", "lm_gpt2"),
+    (r"gpt2_(wt103|pg19)_inftyformer", "lm_inftyformer"),
+    (r"gpt2_(wt103|pg19)_inftyformer_sticky", "lm_inftyformer_sticky"),
+    (r"gpt2_dog_(gpt2|nodoc)", "dialogue_gpt2"),
+    (r"gpt2_dog_inftyformer", "dialogue_inftyformer"),
+    (r"gpt2_dog_inftyformer_sticky", "dialogue_inftyformer_sticky"),
+    (r"gpt2_\w+_compressive", None),
+]
+SORTING_OUTPUT_BIAS = 22  # our sorting softmax layer has a bias over the 22 tokens; the official proj_output none
+
+
+def _official_model(experiment: str):
+    import re
+
+    for pattern, key in OFFICIAL_MODEL:
+        m = re.fullmatch(pattern, experiment)
+        if m:
+            return "absent" if key is None else key.format(*[g for g in m.groups() if g and g.isdigit()])
+    raise AssertionError(f"{experiment}: no official model named for it in OFFICIAL_MODEL")
+
+
+def test_paper_config_parameter_counts_equal_the_official():
+    """Every paper config's parameter count (built on the meta device through `repro.commands.describe_configs`)
+    against the official model built at the same settings (`make_infinity_former.py`, `count_parameters`), less
+    the parameters the official code builds and never reads (`qkv_net_` in every sorting layer, 2·H·E·d, and
+    `proj_query` in every LongTermAttention, d²: their names occur once in the official source, at the definition).
+    Documented differences (README, "Parameter counts"): our sorting output layer has a bias (22). The compressive
+    baselines (sorting and GPT-2) have no official code, so no count to compare; the official sorting code has no
+    sticky memories (they add no parameters: the sticky configs equal the linear ones)."""
+    from repro.commands import describe_configs
+
+    tensors, meta = load_fixture(FIXTURES / "param_counts.pt")
+    counts = meta["counts"]
+    for key, v in counts.items():  # the fixture is self-consistent
+        assert tensors[f"count.{key}.used"].item() == v["used"] == v["total"] - sum(v["unread"].values())
+    paths = sorted(str(p) for p in PAPER_CONFIGS.glob("*.yaml") if not p.name.endswith(".eval.yaml"))
+    rows = describe_configs(paths)
+    assert len(rows) == len(paths) >= 28
+    compared = 0
+    for row in rows:
+        key = _official_model(row["experiment"])
+        if key == "absent":
+            assert "compressive" in row["experiment"], row["experiment"]
+            continue
+        extra = SORTING_OUTPUT_BIAS if key.startswith("sorting") else 0
+        assert row["parameters"] == counts[key]["used"] + extra, (row["experiment"], row["parameters"], counts[key])
+        compared += 1
+    assert compared == len(rows) - 6  # all but the 6 compressive configs
