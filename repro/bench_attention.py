@@ -117,11 +117,13 @@ def main(args) -> None:
             if getattr(args, "rehearsal", "false") == "true":
                 row["rehearsal"] = True
             lines.append(json.dumps(row))
-            print(lines[-1], flush=True)
-    if args.output:
+            if not args.output:
+                print(lines[-1], flush=True)
+    if args.output:  # the rows go to the file; the terminal gets one line
         from repro.io import atomic_write_text
 
         atomic_write_text(args.output, "\n".join(lines) + "\n")
+        print(f"repro bench-attention: {len(lines)} rows in {args.output}", flush=True)
 
 
 def add_parser(sub) -> None:

@@ -136,9 +136,11 @@ def main(args) -> None:
     if getattr(args, "rehearsal", "false") == "true":
         rows = [{**r, "rehearsal": True} for r in rows]
     lines = [json.dumps(r) for r in rows]
-    for line in lines:
-        print(line, flush=True)
-    if args.output:
+    if args.output:  # the rows go to the file; the terminal gets one line
         from repro.io import atomic_write_text
 
         atomic_write_text(args.output, "\n".join(lines) + "\n")
+        print(f"repro bench-context: {len(lines)} rows in {args.output}", flush=True)
+    else:
+        for line in lines:
+            print(line, flush=True)

@@ -141,6 +141,8 @@ def main(args) -> None:
                    clamp_len=lengths.clamp_len, window=args.window or window, segment=dm.eval_tgt_len,
                    top_k=args.top_k, temperature=args.temperature, greedy=args.greedy, generator=gen)
     out = decode(new[0].tolist(), corpus.vocab, corpus.level)
-    if args.output:
+    if args.output:  # the text goes to the file; the terminal gets one line
         atomic_write_text(args.output, out)
-    sys.stdout.write(out + ("" if out.endswith("\n") else "\n"))
+        print(f"repro generate: {args.length} tokens in {args.output}", flush=True)
+    else:
+        sys.stdout.write(out + ("" if out.endswith("\n") else "\n"))
