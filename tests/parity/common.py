@@ -8,9 +8,9 @@ none of it is copied here). It holds plain tensors and a `meta` dict of strings 
 
 and loads with `torch.load(weights_only=True)`. On disk it is torch's legacy (non-zip) serialization, gzipped: the
 zip format spends about a kilobyte per tensor on its archive, which doubled the fixtures' size (739 KB against 360).
-Tensor names are the authors' (their state-dict keys, prefixed
-`weight.`) plus the inputs and outputs (`input.*`, `output.*`); each parity test maps them onto our modules through
-an explicit name map, so that a renamed or missing parameter fails loudly.
+Tensor names are the authors' (their state-dict keys, prefixed `weight.`) plus the inputs and outputs (`input.*`,
+`output.*`); each parity test maps them onto our modules through an explicit name map, so that a renamed or missing
+parameter fails loudly.
 """
 
 from __future__ import annotations
