@@ -1,0 +1,113 @@
+"""Profiles other than the default: `dvc repro` with `params.<profile>.yaml` and that profile's own lock file.
+
+DVC reads one `params.yaml` and writes one `dvc.lock`, and the stage names are the same in every profile (outputs
+differ by `${profile}` in their paths). The default profile (`tiny`) owns `params.yaml` and `dvc.lock`; any other
+profile keeps its parameters in `params.<profile>.yaml` and its lock in `dvc.<profile>.lock`, both committed.
+`repro profile small [STAGE ...]` swaps them in, runs `dvc repro`, keeps the new lock as `dvc.small.lock` and puts
+the default's files back, so that a plain `dvc repro` afterwards sees its own lock (and reruns only the tables,
+whose inputs now include the other profile's records). It is the equivalent of DVC's `-S` overrides, which
+`dvc repro` lacks, for parameters that are whole lists of experiments.
+
+Safety: one profile run at a time (a lock under `.dvc/tmp/`); the default's files are copied to
+`.dvc/tmp/profile-backup/` before the swap and restored at the end, on an error or Ctrl-C; if a run was killed
+outright (the backup is still there), the next `repro profile` restores them first and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+FILES = ("params.yaml", "dvc.lock")
+
+
+def _write(path: Path, data: bytes) -> None:
+    from repro.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def _backup_dir(root: Path) -> Path:
+    return root / ".dvc" / "tmp" / "profile-backup"
+
+
+def restore(root: Path) -> bool:
+    """Put back the default profile's params.yaml and dvc.lock from an interrupted run; True if there was one."""
+    backup = _backup_dir(root)
+    if not backup.exists():
+        return False
+    for name in FILES:
+        saved = backup / name
+        if saved.exists():
+            _write(root / name, saved.read_bytes())
+        elif (backup / f"{name}.absent").exists():
+            (root / name).unlink(missing_ok=True)
+    shutil.rmtree(backup)
+    return True
+
+
+@contextmanager
+def swapped(root: Path, profile: str):
+    """params.<profile>.yaml and dvc.<profile>.lock in place of the default's for the duration of the block."""
+    params = root / f"params.{profile}.yaml"
+    if not params.exists():
+        known = sorted(p.name[len("params."):-len(".yaml")] for p in root.glob("params.*.yaml"))
+        raise ValueError(f"no params.{profile}.yaml in {root}: profiles with a parameter file: {', '.join(known)}")
+    lock_path = root / ".dvc" / "tmp" / "repro-profile.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError("another `repro profile` run holds .dvc/tmp/repro-profile.lock; wait for it to end")
+        if restore(root):
+            print("repro profile: restored params.yaml and dvc.lock left swapped by an interrupted run", flush=True)
+        backup = _backup_dir(root)
+        backup.mkdir(parents=True)
+        for name in FILES:
+            if (root / name).exists():
+                shutil.copy2(root / name, backup / name)
+            else:
+                (backup / f"{name}.absent").touch()
+        own_lock = root / f"dvc.{profile}.lock"
+        try:
+            _write(root / "params.yaml", params.read_bytes())
+            if own_lock.exists():
+                _write(root / "dvc.lock", own_lock.read_bytes())
+            else:
+                (root / "dvc.lock").unlink(missing_ok=True)
+            yield
+        finally:
+            if (root / "dvc.lock").exists():
+                _write(own_lock, (root / "dvc.lock").read_bytes())
+            restore(root)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="repro profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("profile", help="a profile with a params.<profile>.yaml (small, paper)")
+    ap.add_argument("stages", nargs="*", help="stages to reproduce (default: all), as for `dvc repro`")
+    ap.add_argument("--force", "-f", action="store_true", help="`dvc repro -f`: rerun even if nothing changed")
+    args = ap.parse_args(argv)
+    root = Path.cwd()
+    if not (root / "dvc.yaml").exists():
+        raise ValueError(f"{root} has no dvc.yaml: run `repro profile` from the repository root")
+    with swapped(root, args.profile):
+        cmd = ["dvc", "repro", *(["-f"] if args.force else []), *args.stages]
+        print(f"repro profile {args.profile}: {' '.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, cwd=root)
+    if done.returncode:
+        raise SystemExit(done.returncode)
+    print(f"repro profile {args.profile}: done; lock kept as dvc.{args.profile}.lock. Run `dvc repro` to rebuild the "
+          "tables with this profile's column.", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
