@@ -93,14 +93,15 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="repro profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", help="a profile with a params.<profile>.yaml (small, paper)")
-    ap.add_argument("stages", nargs="*", help="stages to reproduce (default: all), as for `dvc repro`")
+    ap.add_argument("stages", nargs="*", help="stages to reproduce (default: all), as for `dvc repro`; shell globs such as 'lamemo_*' work")
     ap.add_argument("--force", "-f", action="store_true", help="`dvc repro -f`: rerun even if nothing changed")
     args = ap.parse_args(argv)
     root = Path.cwd()
     if not (root / "dvc.yaml").exists():
         raise ValueError(f"{root} has no dvc.yaml: run `repro profile` from the repository root")
     with swapped(root, args.profile):
-        cmd = ["dvc", "repro", *(["-f"] if args.force else []), *args.stages]
+        wild = any(ch in st for st in args.stages for ch in "*?[")
+        cmd = ["dvc", "repro", *(["-f"] if args.force else []), *(["--glob"] if wild else []), *args.stages]
         print(f"repro profile {args.profile}: {' '.join(cmd)}", flush=True)
         done = subprocess.run(cmd, cwd=root)
     if done.returncode:
