@@ -106,6 +106,9 @@ def make_workspace(root: Path, ws: Path) -> None:
         "# written by `repro rehearse`: params.paper.yaml merged with params.rehearsal.yaml\n"
         + yaml.safe_dump(merged_params(root), sort_keys=False, width=120))
     subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    # paper-size checkpoints (up to 10 GB each with Adam's state) would be stored twice, in the workspace and in
+    # DVC's cache: hardlink them (the first full rehearsal filled 33 GB of disk with copies before this)
+    (ws / ".dvc" / "config.local").write_text('[cache]\n    type = "hardlink,copy"\n')
 
 
 def _stages(ws: Path, env: dict) -> list[str]:
