@@ -1,3 +1,3 @@
-from repro.entry import main
+from repro.cli.entry import main
 
 main()

@@ -1,4 +1,5 @@
-"""`repro bench`: speed and memory of a config's model, measured (never asserted in tests).
+"""Speed and memory of a language model, measured (never asserted in tests): the library of `repro bench`
+(`repro.cli.bench` builds the model from its configs and writes the rows).
 
 Modes:
 - `train`: forward, backward, gradient clipping and an Adam step per segment, carrying the training memory.
@@ -20,11 +21,8 @@ adaptive softmax clusters roughly as real text does); the output says which.
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import statistics
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -64,15 +62,15 @@ def _peak_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 10, warmup: int = 3,
-          batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
-          attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None) -> list[dict]:
-    from repro.cli import build, hardware
+def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "32", steps: int = 10,
+                 warmup: int = 3, batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
+                 attention_lengths: list[int] | None = None, segment: int = 32) -> list[dict]:
+    """The rows of `repro bench` for a built `SegmentLM` and its data module (`config`: the files they came from,
+    recorded in every row; `repro.cli.bench.bench` builds them)."""
+    from repro.tracking import hardware
 
     if precision not in ("32", "bf16"):
         raise ValueError("--precision is 32 or bf16")
-    cli = build(config, overrides)
-    module, dm = cli.model, cli.datamodule
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     module.to(dev)
     model = module.model
@@ -182,25 +180,3 @@ def _slowdown(module, dm, dev, precision, steps, warmup, lengths, segment, g, ba
                            "slowdown": round(v / m, 1), "steps": steps, "warmup": warmup})
     return out
 
-
-def main(args) -> None:
-    torch.manual_seed(0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if getattr(args, "rehearsal", "false") == "true":  # the code path at the paper's sizes, not a measurement
-        args.steps, args.warmup, args.batch_size = 1, 0, args.batch_size or 2
-    rows = bench(args.config, mode=args.mode, precision=args.precision, steps=args.steps, warmup=args.warmup,
-                 batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
-                 attention_lengths=[int(x) for x in args.attention_lengths.split(",")] if args.attention_lengths else None,
-                 segment=args.segment, overrides=args.override)
-    if getattr(args, "rehearsal", "false") == "true":
-        rows = [{**r, "rehearsal": True} for r in rows]
-    lines = [json.dumps(r) for r in rows]
-    if args.output:  # the rows go to the file; the terminal gets one line
-        from repro.io import atomic_write_text
-
-        atomic_write_text(args.output, "\n".join(lines) + "\n")
-        print(f"repro bench: {len(lines)} row{'s' * (len(lines) != 1)} in {args.output}", flush=True)
-    else:
-        for line in lines:
-            print(line, flush=True)

@@ -1,4 +1,4 @@
-"""The Trainer callbacks that `repro fit|validate|test` adds to every run (see `repro.cli.ReproCLI`).
+"""The Trainer callbacks that `repro fit|validate|test` adds to every run (see `repro.cli.cli.ReproCLI`).
 
 - `CurveRecorder`: training and validation curves as a CSV for `dvc plots`; its rows travel in checkpoints, so a
   resumed fit writes the whole curve.

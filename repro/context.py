@@ -30,7 +30,7 @@ losses line up position by position.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -42,6 +42,9 @@ from repro.lm import EvalProtocol, MemorySettings, SegmentLM
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
 RATIOS = (0.1, 0.5, 1.0)  # Table 8's r
+
+# (config files, checkpoint) -> (module in eval mode, data module); see `measure`
+Loader = Callable[[Sequence[str], str | None], tuple[SegmentLM, object]]
 
 
 @dataclass(frozen=True)
@@ -65,29 +68,6 @@ class ContextModel:
         if ckpt.endswith((":memory", ":window")):
             ckpt, mode = ckpt.rsplit(":", 1)
         return cls(name, tuple(c for c in cfgs.split(",") if c), ckpt, mode)  # type: ignore[arg-type]
-
-
-def load_module(configs: Sequence[str], ckpt: str | None):
-    """The module (weights from `ckpt`, eval mode, fp32) and data module of a config, outside any Trainer."""
-    from repro.cli import build
-
-    cli = build(list(configs))
-    module, dm = cli.model, cli.datamodule
-    if ckpt is not None:
-        if not Path(ckpt).exists():
-            raise ValueError(f"checkpoint {ckpt} does not exist: train it first (`repro fit -c {configs[0]} "
-                             f"--run.checkpoint {ckpt}`)")
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        saved = state.get("repro", {})
-        if saved.get("n_token") not in (None, module.n_token):
-            raise ValueError(f"{ckpt} was trained on {saved['n_token']} symbols, the config's data has "
-                             f"{module.n_token}: give the config the checkpoint was trained with")
-        dm.setup("test")
-        corpus = getattr(dm, "corpus", None)
-        if saved.get("vocab_digest") and corpus is not None and saved["vocab_digest"] != corpus.vocab.digest:
-            raise ValueError(f"{ckpt} was trained on another vocabulary than corpus {dm.corpus_name}'s")
-        module.load_state_dict(state["state_dict"])
-    return module.float().eval(), dm
 
 
 def context_mode(module: SegmentLM, mode: str = "auto") -> Literal["memory", "window"]:
@@ -182,17 +162,19 @@ def recl(losses: dict[str, dict[int, np.ndarray]], *, r: float, threshold: float
 
 
 # ----------------------------------------------------------------------------------------------- the harness
-def measure(models: Sequence[ContextModel], contexts: Sequence[int], *, split: str = "test",
+def measure(models: Sequence[ContextModel], contexts: Sequence[int], *, load: Loader, split: str = "test",
             max_tokens: int | None = None, ratios: Sequence[float] = RATIOS, threshold: float = THRESHOLD,
             stride: int | None = None, threads: int | None = None, batch_size: int | None = None) -> dict:
     """Per-token losses of every model at every context length, mean losses and RECL: a JSON-ready record.
 
     The split is cut into `batch_size` contiguous streams (default: the first config's eval batch size). Near the
     start of a stream a window model is run once per token (its window is the prefix), so fewer streams cost less.
+    `load(configs, ckpt)` gives a model's module (eval mode, fp32) and data module: `repro recl` passes
+    `repro.cli.cli.load_module`, which builds them from config files (this library imports no CLI).
     """
     import time
 
-    from repro.cli import hardware
+    from repro.tracking import hardware
 
     if threads:
         torch.set_num_threads(threads)
@@ -202,7 +184,7 @@ def measure(models: Sequence[ContextModel], contexts: Sequence[int], *, split: s
     losses: dict[str, dict[int, np.ndarray]] = {}
     info, ref = {}, None
     for spec in models:
-        module, dm = load_module(spec.configs, spec.ckpt)
+        module, dm = load(spec.configs, spec.ckpt)
         mode = context_mode(module, spec.mode)
         tokens = eval_tokens(dm, split, max_tokens)
         key = (dm.corpus_name, dm.corpus.vocab.digest, tokens.numel(), batch_size or dm.eval_batch_size,
@@ -263,22 +245,3 @@ def plot(result: dict, out: str | Path, *, r: float = 0.1, title: str | None = N
     plt.close(fig)
     return out
 
-
-def main(args) -> None:
-    """`repro recl`: measure a group, write the JSON record (and the plot)."""
-    import json
-
-    from repro.io import atomic_write_json
-
-    models = [ContextModel.parse(m) for m in args.model]
-    contexts = [int(x) for x in args.contexts.split(",") if x]
-    ratios = [float(x) for x in args.ratios.split(",") if x]
-    result = measure(models, contexts, split=args.split, max_tokens=args.max_tokens, ratios=ratios,
-                     threshold=args.threshold, stride=args.stride, threads=args.threads, batch_size=args.batch_size)
-    if args.output:
-        atomic_write_json(args.output, result)
-    if args.plot:
-        plot(result, args.plot, r=ratios[0])
-    summary = {name: {r: ("≥" if v[name]["censored"] else "") + str(v[name]["recl"]) for r, v in result["recl"].items()}
-               for name in result["models"]}
-    print(json.dumps({"recl": summary, "mean_loss": {n: m["mean_loss"] for n, m in result["models"].items()}}))

@@ -1,4 +1,4 @@
-"""Text generation from any language model of the repository (`repro generate`).
+"""Text generation from any language model of the repository (the library of `repro generate`, `repro.cli.generate`).
 
 Transformer-XL, Appendix E: continuations of thousands of tokens sampled with top-k sampling (k = 40), the model
 carrying its memory from one step to the next (each new token is one segment of length 1; its keys and values join
@@ -12,8 +12,6 @@ With a shorter memory the model sees, at every layer, the last `mem_len` positio
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
@@ -118,31 +116,3 @@ def decode(ids: list[int], vocab, level: str) -> str:
     words = [vocab.symbols[i] for i in ids]
     return " ".join("\n" if w in LINE_END_SYMBOLS else w for w in words).replace(" \n ", "\n").replace(" \n", "\n")
 
-
-def main(args) -> None:
-    """`repro generate -c CONFIG [-c EVAL] --ckpt_path CKPT --prompt FILE [--length N --top_k 40 --seed S]`."""
-    from repro.context import load_module
-    from repro.io import atomic_write_text
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    module, dm = load_module(args.config, args.ckpt_path)
-    dm.setup("test")
-    corpus = dm.corpus
-    text = Path(args.prompt).read_text(encoding="utf-8")
-    ids = encode_prompt(text, corpus.vocab, corpus.level)
-    if not ids:
-        raise ValueError(f"the prompt {args.prompt} holds no token")
-    gen = torch.Generator().manual_seed(args.seed)
-    lengths = module.eval_memory
-    mem_len = args.mem_len if args.mem_len is not None else lengths.mem_len
-    window = module.eval_protocol.window if module.eval_protocol.kind == "sliding" else None
-    new = generate(module.model, torch.tensor([ids]), steps=args.length, mem_len=mem_len,
-                   clamp_len=lengths.clamp_len, window=args.window or window, segment=dm.eval_tgt_len,
-                   top_k=args.top_k, temperature=args.temperature, greedy=args.greedy, generator=gen)
-    out = decode(new[0].tolist(), corpus.vocab, corpus.level)
-    if args.output:  # the text goes to the file; the terminal gets one line
-        atomic_write_text(args.output, out)
-        print(f"repro generate: {args.length} tokens in {args.output}", flush=True)
-    else:
-        sys.stdout.write(out + ("" if out.endswith("\n") else "\n"))

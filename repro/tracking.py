@@ -26,6 +26,18 @@ def repo_root() -> Path:
     return here
 
 
+def hardware() -> str:
+    """Where a run or a measurement ran, as its record and MLflow tag say: the GPUs, or the CPU's cores and threads."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"{n}× {torch.cuda.get_device_name(0)}"
+    return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
+
+
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 

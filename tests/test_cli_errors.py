@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from repro.entry import main
+from repro.cli.entry import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs/transformer_xl/tiny/enwik8_12l.yaml")
@@ -37,7 +37,7 @@ def _one_line_error(capsys, argv) -> str:
 
 
 def _checkpoint(config, path, **extra):
-    from repro.cli import build
+    from repro.cli.cli import build
 
     model = build([config]).model
     torch.save({"state_dict": model.state_dict(), "repro": {"module_class": f"{type(model).__module__}."
@@ -114,7 +114,8 @@ def test_test_without_a_checkpoint_is_refused(clean, capsys):
 
 
 def test_a_subdirectory_writes_where_the_root_does(monkeypatch, tmp_path):
-    from repro import entry, tracking
+    from repro import tracking
+    from repro.cli import entry
 
     monkeypatch.chdir(os.path.join(ROOT, "papers"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI")

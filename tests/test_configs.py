@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.commands import describe_configs
+from repro.cli.commands import describe_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 # configs/rehearsal/ holds overrides composed after a paper config (tests/test_rehearsal.py builds them so)

@@ -100,8 +100,8 @@ def test_prompt_encoding_word_and_char():
 
 
 def test_repro_generate_command(tmp_path, root, monkeypatch, capsys):
-    from repro import commands
-    from repro.cli import build
+    from repro.cli import commands
+    from repro.cli.cli import build
 
     monkeypatch.chdir(root)
     cfg = "configs/transformer_xl/tiny/wt103_base.yaml"

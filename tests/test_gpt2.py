@@ -475,7 +475,7 @@ def test_resume_restores_the_compressed_memory(dog, tmp_path):
 
 
 def test_compressive_dialogue_config_fits_and_tests_through_the_cli(dog, root, tmp_path, monkeypatch):
-    from repro.cli import main
+    from repro.cli.entry import main
 
     monkeypatch.chdir(root)
     data, tok = dog

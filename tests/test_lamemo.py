@@ -330,7 +330,7 @@ def test_paper_configs_match_the_base_models_in_size(root, monkeypatch):
     """The LaMemo paper trains Transformer-XL's base models with look-ahead memory: 151M (WikiText-103) and 41M
     (enwik8; text8 has a smaller vocabulary) parameters in the Transformer-XL paper. LaMemo adds one (H, E) bias."""
     from papers.transformer_xl.tables import PAPER_PARAMS as TXL_PARAMS
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     monkeypatch.chdir(root)
     for ds, txl_exp in [("wt103", "wt103_base"), ("enwik8", "enwik8_12l"), ("text8", "enwik8_12l")]:
@@ -341,7 +341,7 @@ def test_paper_configs_match_the_base_models_in_size(root, monkeypatch):
 
 
 def test_tiny_configs_pair_lamemo_with_its_baseline(root, monkeypatch):
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     monkeypatch.chdir(root)
     for ds in ("char", "word"):

@@ -120,7 +120,7 @@ def test_ptb_archive_without_the_word_files_is_refused(tmp_path):
 
 @pytest.mark.parametrize("experiment,within", [("lm1b_large", 0.06), ("ptb", 0.01)])
 def test_paper_parameter_counts(experiment, within, root, monkeypatch):
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     monkeypatch.chdir(root)
     row = describe_configs([f"configs/transformer_xl/paper/{experiment}.yaml"])[0]
@@ -129,7 +129,7 @@ def test_paper_parameter_counts(experiment, within, root, monkeypatch):
 
 def test_lm1b_base_parameters_tied_as_the_script_untied_as_the_paper(root, monkeypatch):
     """The official base script (tied softmax) builds 357.8M; the paper's 0.46B matches the untied model."""
-    from repro.cli import build
+    from repro.cli.cli import build
 
     monkeypatch.chdir(root)
     cfg = ["configs/transformer_xl/paper/lm1b_base.yaml"]

@@ -279,7 +279,7 @@ def test_variants_parse_and_build():
 
 
 def test_saved_activation_bytes_counts_each_storage_once():
-    from repro.bench_attention import saved_activation_bytes
+    from papers.mgk.efficiency import saved_activation_bytes
 
     x = torch.randn(100, requires_grad=True)
     saved, _ = saved_activation_bytes(lambda: (x * x).sum())
@@ -290,7 +290,7 @@ def test_saved_activation_bytes_counts_each_storage_once():
 
 
 def test_tiny_lra_fit_through_the_cli(tmp_path, monkeypatch, root):
-    from repro.cli import ReproCLI
+    from repro.cli.cli import ReproCLI
 
     monkeypatch.chdir(root)
     monkeypatch.setattr("sys.argv", ["repro"])

@@ -101,8 +101,8 @@ def test_memory_losses_with_a_long_context_equal_one_full_pass():
 
 
 def test_repro_recl_command(tmp_path, root, monkeypatch):
-    from repro import commands
-    from repro.cli import build
+    from repro.cli import commands
+    from repro.cli.cli import build
 
     monkeypatch.chdir(root)
     specs = []

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.rehearsal import REHEARSAL_CONFIGS, config_overrides, merged_params
-from repro.runs import runs_steps
+from repro.cli.rehearsal import REHEARSAL_CONFIGS, config_overrides, merged_params
+from repro.cli.runs import runs_steps
 from repro.tables import Cell, Table, provenance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def _flat(d, prefix=""):
 
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
 def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
-    from repro.cli import build
+    from repro.cli.cli import build
 
     monkeypatch.chdir(ROOT)
     extra = config_overrides(config)[1::2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.runs import _next_spec, run_spec, runs_steps
+from repro.cli.runs import _next_spec, run_spec, runs_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from repro.entry import main
+from repro.cli.entry import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs/transformer_xl/tiny/enwik8_12l.yaml")
@@ -21,7 +21,7 @@ NOISE = ("Tip", "litlogger", "GPU available", "TPU available", "Seed set", "┏"
 
 def _help(argv):
     """Runs `repro ARGV` in a fresh interpreter; returns (exit code, output, whether Lightning was imported)."""
-    code = ("import sys\nfrom repro.entry import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
+    code = ("import sys\nfrom repro.cli.entry import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
             "except SystemExit as e:\n    code = e.code or 0\nprint('LIGHTNING' if 'lightning' in sys.modules else '')\n"
             "sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 
 from papers.transformer_xl.model import TransformerXLConfig
 from papers.transformer_xl.module import TransformerXLLM
-from repro.cli import main
+from repro.cli.entry import main
 from repro.data.lm import LMDataModule
 
 TINY = "configs/transformer_xl/tiny/enwik8_12l.yaml"
@@ -205,7 +205,7 @@ def test_steps_check_every_step_before_running_any(capsys):
 def test_run_callbacks_join_the_configured_ones(root, tmp_path, monkeypatch):
     """`--run.curves` (which `repro runs` always passes) once replaced `--trainer.callbacks`: a user's
     EarlyStopping or ModelCheckpoint silently disappeared. Ours are added to the configured ones."""
-    from repro.cli import ReproCLI
+    from repro.cli.cli import ReproCLI
 
     seen = {}
     monkeypatch.setattr(ReproCLI, "_run_subcommand",

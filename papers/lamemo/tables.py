@@ -257,7 +257,7 @@ def params_table(rows: list[dict]) -> Table:
 
 
 def build(results: Results) -> list[Table]:
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     cfgs = sorted(str(p) for p in Path("configs/lamemo/paper").glob("*.yaml") if ".eval." not in p.name)
     tables = [dataset_table(results, ds) for ds in DATASETS]

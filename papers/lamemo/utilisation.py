@@ -96,7 +96,7 @@ def analyse(module, dm, *, max_batches: int = 20) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from repro.cli import build
+    from repro.cli.cli import build
     from repro.io import atomic_write_json
 
     ap = argparse.ArgumentParser(prog="python -m papers.lamemo.utilisation", description=__doc__,

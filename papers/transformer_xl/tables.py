@@ -412,7 +412,7 @@ def plot_context(results: Results, out: Path) -> Path | None:
 
 
 def build(results: Results) -> list[Table]:
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     paper_cfgs = sorted(str(p) for p in Path("configs/transformer_xl/paper").glob("*.yaml") if ".eval." not in p.name)
     described = describe_configs(paper_cfgs)

@@ -240,14 +240,14 @@ def _official_model(experiment: str):
 
 
 def test_paper_config_parameter_counts_equal_the_official():
-    """Every paper config's parameter count (built on the meta device through `repro.commands.describe_configs`)
+    """Every paper config's parameter count (built on the meta device through `repro.cli.commands.describe_configs`)
     against the official model built at the same settings (`make_infinity_former.py`, `count_parameters`), less
     the parameters the official code builds and never reads (`qkv_net_` in every sorting layer, 2·H·E·d, and
     `proj_query` in every LongTermAttention, d²: their names occur once in the official source, at the definition).
     Documented differences (README, "Parameter counts"): our sorting output layer has a bias (22). The compressive
     baselines (sorting and GPT-2) have no official code, so no count to compare; the official sorting code has no
     sticky memories (they add no parameters: the sticky configs equal the linear ones)."""
-    from repro.commands import describe_configs
+    from repro.cli.commands import describe_configs
 
     tensors, meta = load_fixture(FIXTURES / "param_counts.pt")
     counts = meta["counts"]

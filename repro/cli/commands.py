@@ -1,4 +1,9 @@
-"""The non-Lightning subcommands of `repro`: describe, bench, tables."""
+"""The shared non-Lightning subcommands of `repro` (describe, prepare, tables, bench, recl, generate, mirror) and
+`repro --help`, which lists the shared commands, then each paper's own (`repro.cli.registry`) under its name.
+
+The commands' work is library code (`repro.bench`, `repro.context`, `repro.generate`, `repro.tables`) reached
+through their command modules (`repro.cli.bench`, `repro.cli.context`, `repro.cli.generate`), imported only when
+the command runs: `repro --help` starts without torch or Lightning."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import sys
 
 
 def describe_configs(paths: list[str]) -> list[dict]:
-    from repro.cli import build
+    from repro.cli.cli import build
 
     rows = []
     for path in paths:
@@ -50,7 +55,7 @@ def _prepare(args) -> None:
     """Build (download if needed) every corpus the configs use; write a manifest of what was built."""
     from pathlib import Path
 
-    from repro.cli import build
+    from repro.cli.cli import build
 
     paths = []
     for item in args.config:
@@ -60,7 +65,7 @@ def _prepare(args) -> None:
     rehearsal = getattr(args, "rehearsal", "false") == "true"
     for path in paths:
         if rehearsal:  # the data modules' rehearsal sizes (configs/rehearsal/), e.g. a few generated ListOps trees
-            from repro.rehearsal import data_overrides
+            from repro.cli.rehearsal import data_overrides
 
             dm = build([path, *data_overrides(path)]).datamodule
         else:
@@ -109,19 +114,33 @@ USAGE = """one command line for every paper (README.md, "The command line"):
 `repro COMMAND --help` the options of any other command. REPRO_DEBUG=1 shows tracebacks, REPRO_VERBOSE=1
 Lightning's and MLflow's own messages."""
 
-# the commands that `repro.entry` routes before this parser (listed here for `repro --help`)
+# the commands that `repro.cli.entry` routes before this parser (listed here for `repro --help`)
 ROUTED = {"fit": "train (Lightning CLI; `repro fit --help` lists every option)",
           "validate": "evaluate a checkpoint on the validation split (Lightning CLI)",
           "test": "evaluate a checkpoint on the test split (Lightning CLI)",
           "steps": "several quoted fit|validate|test commands in order, in one process",
           "runs": "the fit and tests of every experiment of a group (a DVC stage)",
-          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.rehearsal)"}
+          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)"}
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="repro", description=USAGE,
+def papers_help(papers: dict[str, dict[str, tuple]]) -> str:
+    """The per-paper part of `repro --help`: each paper's commands under its name."""
+    width = max((len(n) for cmds in papers.values() for n in cmds), default=0) + 2
+    lines = ["commands of the papers (papers/<paper>/commands.py):"]
+    for paper, cmds in papers.items():
+        if cmds:
+            lines.append(f"  {paper}:")
+            lines += [f"    {name:<{width}}{text}" for name, (_, text) in cmds.items()]
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> None:
+    """The shared commands; `papers` ({paper: {name: (run, help)}}, from `repro.cli.registry`) only join the help
+    (`repro.cli.entry` runs them before this parser)."""
+    papers = papers or {}
+    parser = argparse.ArgumentParser(prog="repro", description=USAGE, epilog=papers_help(papers),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="shared commands")
     for name, text in ROUTED.items():
         sub.add_parser(name, help=text, add_help=False)
     d = sub.add_parser("describe", help="one JSON line per config: model class, parameters, lengths")
@@ -145,7 +164,7 @@ def main(argv: list[str]) -> None:
     b.add_argument("--rehearsal", choices=["true", "false"], default="false",
                    help="true: one timed step, no warm-up, batch size 2 unless --batch-size (the paper profile's "
                         "rehearsal: the code path, not a measurement)")
-    b.set_defaults(func=lambda a: importlib.import_module("repro.bench").main(a))
+    b.set_defaults(func=lambda a: importlib.import_module("repro.cli.bench").main(a))
 
     p = sub.add_parser("prepare", help="build the corpora of configs (files or folders of configs)")
     p.add_argument("config", nargs="+")
@@ -158,10 +177,6 @@ def main(argv: list[str]) -> None:
     t.add_argument("paper", choices=PAPERS, help=f"one of {', '.join(PAPERS)}")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
-
-    bc = sub.add_parser("bench-context", help="time and memory per segment as the context grows (∞-former vs TXL)")
-    importlib.import_module("repro.bench_context").add_arguments(bc)
-    bc.set_defaults(func=lambda a: importlib.import_module("repro.bench_context").main(a))
 
     r = sub.add_parser("recl", help="loss against test-time context length and RECL for a group of models")
     r.add_argument("--model", action="append", required=True,
@@ -176,7 +191,7 @@ def main(argv: list[str]) -> None:
     r.add_argument("--threads", type=int)
     r.add_argument("--output", help="write the JSON record here")
     r.add_argument("--plot", help="write the loss-vs-context plot (PNG) here")
-    r.set_defaults(func=lambda a: importlib.import_module("repro.context").main(a))
+    r.set_defaults(func=lambda a: importlib.import_module("repro.cli.context").main(a))
 
     g = sub.add_parser("generate", help="sample a continuation of a prompt file (top-k, memory carried)")
     g.add_argument("-c", "--config", action="append", required=True, help="config file(s), merged in order")
@@ -191,9 +206,11 @@ def main(argv: list[str]) -> None:
     g.add_argument("--window", type=int, help="attention length of a model without memory")
     g.add_argument("--threads", type=int)
     g.add_argument("--output", help="also write the continuation here")
-    g.set_defaults(func=lambda a: importlib.import_module("repro.generate").main(a))
-    importlib.import_module("repro.bench_attention").add_parser(sub)  # Transformer-MGK efficiency
+    g.set_defaults(func=lambda a: importlib.import_module("repro.cli.generate").main(a))
     importlib.import_module("repro.data.mirror").add_parser(sub)  # the rehearsal's local mirror of every source
+    for cmds in papers.values():  # valid choices (listed in the epilog by paper), run by `repro.cli.entry`
+        for name in cmds:
+            sub.add_parser(name, add_help=False)
 
     args = parser.parse_args(argv)
     args.func(args)

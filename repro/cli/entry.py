@@ -1,5 +1,9 @@
 """The `repro` command (`pyproject.toml` [project.scripts], `python -m repro`): routes a subcommand to its module
-without importing more than it needs (Lightning takes ~5 s to import on 2 cores)."""
+without importing more than it needs (Lightning takes ~5 s to import on 2 cores).
+
+The top of the stack: the Lightning CLI (`repro.cli.cli`), the shared commands (`repro.cli.commands`), `runs`
+and `rehearse`, and the papers' own commands, found by name through `repro.cli.registry` (the `repro.commands`
+entry points), so that no module under `repro/` imports `papers`."""
 
 from __future__ import annotations
 
@@ -8,35 +12,41 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.main`; `runs` starts without torch
-    (its workers import it); the other subcommands (`tables`, `describe`, `bench`, …) start without Lightning and
-    import what they use. Errors the user can act on end with their message alone; REPRO_DEBUG=1 shows the
-    traceback."""
+    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.cli.main`; `runs` starts without
+    torch (its workers import it); a paper's command goes to its paper (`repro.cli.registry`); the other
+    subcommands (`tables`, `describe`, `bench`, …) start without Lightning and import what they use. Errors the
+    user can act on end with their message alone; REPRO_DEBUG=1 shows the traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not os.environ.get("REPRO_VERBOSE"):  # MLflow's database set-up notes (read when mlflow is imported)
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     _at_repository_root(args[0] if args else "")
     if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
-        from repro.cli import main
+        from repro.cli.cli import main
 
         main(argv)
         return
     try:
         if args and args[0] == "runs":
-            from repro.runs import run_group
+            from repro.cli.runs import run_group
 
             run_group(args[1:])
             return
         if args and args[0] == "rehearse":
-            from repro.rehearsal import rehearse
+            from repro.cli.rehearsal import rehearse
 
             rehearse(args[1:])
             return
-        from repro.commands import main as commands_main
+        from repro.cli.commands import main as commands_main
+        from repro.cli.registry import paper_commands
         from repro.data.download import ArchiveError, ChecksumError, DownloadError
 
+        papers = paper_commands()
+        routed = {name: run for cmds in papers.values() for name, (run, _) in cmds.items()}
         try:
-            commands_main(args)
+            if args and args[0] in routed:
+                routed[args[0]](args[1:])
+                return
+            commands_main(args, papers)
         except (DownloadError, ChecksumError, ArchiveError) as err:
             raise ValueError(str(err)) from err
     except ValueError as err:

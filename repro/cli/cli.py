@@ -1,13 +1,14 @@
-"""`repro`: one command line for every paper.
+"""The Lightning CLI of `repro` (`repro.cli.entry` routes these commands here), and configs built into objects.
 
     repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.devices N --trainer.strategy ddp ...]
     repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."   (several runs, one process)
-    repro runs --paper P --profile tiny --group G CONFIG[+VARIANT][@SEED] ...      (a DVC stage's experiments)
-    repro describe CONFIG [CONFIG ...]
-    repro bench CONFIG --mode train|eval [--precision 32|bf16] [--steps N]
-    repro tables PAPER
 
-The first form is the Lightning CLI (jsonargparse): a config names its LightningModule and LightningDataModule by
+`build` (a config's module and data module, untrained) and `load_module` (with a checkpoint's weights, for
+evaluation outside a Trainer) serve the other commands (`repro.cli.commands`, `repro.cli.bench`, …), which hand
+the objects to the library (`repro.bench`, `repro.context`, `repro.generate`); nothing below `repro.cli` imports
+this module.
+
+The Lightning CLI (jsonargparse): a config names its LightningModule and LightningDataModule by
 class path, unknown keys are errors, and every Trainer flag works. The conventions that tie the parts together:
 a data module exposes `vocab_size` and a module accepts `n_token`, which the CLI links; a config's `run:` section
 names its paper, experiment and profile, and where to record its results.
@@ -16,9 +17,9 @@ names its paper, experiment and profile, and where to record its results.
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 from repro.callbacks import CurveRecorder, LastCheckpoint, ProgressLine, Provenance, last_path, step_progress_bar
-from repro.tracking import tracking_uri
+from repro.tracking import hardware, tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 SEED = 1111  # the reference's default seed
@@ -59,13 +60,6 @@ def quiet() -> None:
 
 
 quiet()
-
-
-def hardware() -> str:
-    if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        return f"{n}× {torch.cuda.get_device_name(0)}"
-    return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
 
 
 def plot_curves(csv_path: str) -> Path | None:
@@ -412,6 +406,27 @@ def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: 
         sys.argv = argv
 
 
+def load_module(configs: Sequence[str], ckpt: str | None):
+    """The module (weights from `ckpt`, eval mode, fp32) and data module of a config, outside any Trainer."""
+    cli = build(list(configs))
+    module, dm = cli.model, cli.datamodule
+    if ckpt is not None:
+        if not Path(ckpt).exists():
+            raise ValueError(f"checkpoint {ckpt} does not exist: train it first (`repro fit -c {configs[0]} "
+                             f"--run.checkpoint {ckpt}`)")
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        saved = state.get("repro", {})
+        if saved.get("n_token") not in (None, module.n_token):
+            raise ValueError(f"{ckpt} was trained on {saved['n_token']} symbols, the config's data has "
+                             f"{module.n_token}: give the config the checkpoint was trained with")
+        dm.setup("test")
+        corpus = getattr(dm, "corpus", None)
+        if saved.get("vocab_digest") and corpus is not None and saved["vocab_digest"] != corpus.vocab.digest:
+            raise ValueError(f"{ckpt} was trained on another vocabulary than corpus {dm.corpus_name}'s")
+        module.load_state_dict(state["state_dict"])
+    return module.float().eval(), dm
+
+
 def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
     """Several Lightning CLI runs, one after the other, in this one process: `repro steps "fit -c A.yaml …"
     "test -c A.yaml -c A.eval.yaml --ckpt_path …"`. Each step is exactly the command `repro <step>` (its own
@@ -570,9 +585,9 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "steps":
         run_steps(argv[1:])
         return
-    from repro import commands
-
-    commands.main(argv)
+    # the other commands are routed by `repro.cli.entry`, which is above this module (no import circle)
+    raise ValueError(f"repro.cli.cli runs {', '.join(LIGHTNING_SUBCOMMANDS)} and steps, got {' '.join(argv[:1])!r}: "
+                     "run it through `repro` (repro.cli.entry.main)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""`repro bench-context`: cost of one segment as the context grows — the ∞-former's claim that its attention cost
-does not depend on the context length (Martins et al. 2022, §3.1.1), against Transformer-XL attending to all of it.
+"""`repro bench-context` (papers/infinity_former/commands.py): cost of one segment as the context grows — the
+∞-former's claim that its attention cost does not depend on the context length (Martins et al. 2022, §3.1.1),
+against Transformer-XL attending to all of it.
 
 For each context length C (tokens already seen):
 - Transformer-XL with a memory of C positions per layer (memory = context): one segment attends to C + T keys,
@@ -64,7 +65,7 @@ def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_
     stm = stm or segment
     g = torch.Generator().manual_seed(0)
     tokens = lambda: torch.randint(0, 32, (batch, segment), generator=g).to(dev)  # noqa: E731
-    from repro.cli import hardware
+    from repro.tracking import hardware
 
     where = hardware() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
     rows = []
@@ -103,6 +104,7 @@ def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_
 
 
 def add_arguments(p) -> None:
+    """The options of `repro bench-context` (registered in papers/infinity_former/commands.py)."""
     p.add_argument("--contexts", default="1024,4096,16384,65536,262144",
                    help="comma-separated context lengths (tokens already seen)")
     p.add_argument("--segment", type=int, default=128)

@@ -1,5 +1,6 @@
-"""`repro bench-attention`: the cost of attention variants across sequence lengths (Transformer-MGK's efficiency
-claim: MGK with half the heads costs less than softmax with all of them, and MLK-4 less than linear-8).
+"""`repro bench-attention` (papers/mgk/commands.py): the cost of attention variants across sequence lengths
+(Transformer-MGK's efficiency claim: MGK with half the heads costs less than softmax with all of them, and MLK-4
+less than linear-8).
 
 For each variant and length the model is the paper's LRA classifier (`papers.mgk.lra`: 2 layers, width 64, MLP 128,
 heads of 32, 10 classes) on random tokens, in training mode. One JSON line per (variant, length):
@@ -126,10 +127,8 @@ def main(args) -> None:
         print(f"repro bench-attention: {len(lines)} rows in {args.output}", flush=True)
 
 
-def add_parser(sub) -> None:
-    """The `bench-attention` subcommand (registered in repro/commands.py)."""
-    b = sub.add_parser("bench-attention", help="parameters, FLOPs, step time and activation memory of attention "
-                                               "variants across lengths (JSON lines)")
+def add_arguments(b) -> None:
+    """The options of `repro bench-attention` (registered in papers/mgk/commands.py)."""
     b.add_argument("--variants", help=f"comma-separated LRA variants (default {','.join(DEFAULT_VARIANTS)})")
     b.add_argument("--lengths", help=f"comma-separated sequence lengths (default {','.join(map(str, DEFAULT_LENGTHS))})")
     b.add_argument("--batch-size", type=int, default=4)
@@ -141,4 +140,3 @@ def add_parser(sub) -> None:
     b.add_argument("--output", help="also write the JSON lines to this file")
     b.add_argument("--rehearsal", choices=["true", "false"], default="false",
                    help="true: a rehearsal of the paper profile (rows marked, their table cells labelled)")
-    b.set_defaults(func=main)

@@ -37,8 +37,8 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
                ) -> list[tuple[list[str], tuple[str, str, str] | None]]:
     """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
     spec carries the after-run arguments (config, checkpoint, experiment). `rehearsal` composes the rehearsal
-    configs (`repro.rehearsal.config_overrides`: 2 training batches, a few evaluation batches) after each step's own."""
-    from repro.rehearsal import config_overrides
+    configs (`repro.cli.rehearsal.config_overrides`: 2 training batches, a few evaluation batches) after each step's own."""
+    from repro.cli.rehearsal import config_overrides
 
     base = Path(configs_root) / paper / profile
     ckpt_dir, rec_dir, curve_dir = group_dirs(paper, profile, group)
@@ -120,7 +120,7 @@ def _run_specs(args, specs: list[str]) -> None:
 
     import torch
 
-    from repro.cli import run_steps
+    from repro.cli.cli import run_steps
 
     if args.threads:
         torch.set_num_threads(args.threads)

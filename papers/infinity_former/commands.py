@@ -1,0 +1,21 @@
+"""The commands the ∞-former adds to `repro` (listed in pyproject.toml's `repro.commands` entry points and
+collected by `repro.cli.registry`): `repro bench-context`, the cost of one segment as the context grows, against
+Transformer-XL (`papers.infinity_former.context_cost`). Importing this module imports neither torch nor the
+benchmark."""
+
+from __future__ import annotations
+
+
+def bench_context(argv: list[str]) -> None:
+    import argparse
+
+    from papers.infinity_former import context_cost
+
+    parser = argparse.ArgumentParser(prog="repro bench-context", description=HELP)
+    context_cost.add_arguments(parser)
+    context_cost.main(parser.parse_args(argv))
+
+
+HELP = "time and memory per segment as the context grows (∞-former vs TXL)"
+
+COMMANDS = {"bench-context": (bench_context, HELP)}

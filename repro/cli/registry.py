@@ -1,0 +1,53 @@
+"""The commands each paper adds to `repro`: one registry, filled from the `repro.commands` entry points.
+
+A paper lists its commands in `papers/<paper>/commands.py` as `COMMANDS = {name: (run, help)}` — `run` takes the
+command's arguments (`argv` after the name) and `help` is one line for `repro --help` — and pyproject.toml names
+that dict under `[project.entry-points."repro.commands"]`, one entry per paper (`mgk =
+"papers.mgk.commands:COMMANDS"`). The entry point (`repro.cli.entry`) collects them here, so that no module under
+`repro/` imports `papers` (the shared layer depends on no paper; tests/test_layout.py checks it). The names come
+from the installed package's metadata; a checkout whose install predates an entry (an editable install not rerun
+after pulling, or a stale `*.egg-info` at the root that shadows it) reads them from its own pyproject.toml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+GROUP = "repro.commands"
+
+Command = tuple[Callable[[list[str]], None], str]
+
+
+def _declared() -> list[tuple[str, str]]:
+    """(paper, "module:attribute") of every entry of the group, in the order declared."""
+    from importlib.metadata import entry_points
+
+    found = [(ep.name, ep.value) for ep in entry_points(group=GROUP)]
+    if found:
+        return found
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    return list(project.get("entry-points", {}).get(GROUP, {}).items())
+
+
+def paper_commands() -> dict[str, dict[str, Command]]:
+    """{paper: {command name: (run, help)}}: every paper's commands, papers in the order pyproject declares them."""
+    import importlib
+
+    out: dict[str, dict[str, Command]] = {}
+    owner: dict[str, str] = {}
+    for paper, target in _declared():
+        module, _, attr = target.partition(":")
+        commands = getattr(importlib.import_module(module), attr or "COMMANDS")
+        for name in commands:
+            if name in owner:
+                raise ValueError(f"command {name!r} is declared by both {owner[name]} and {paper}: rename one in "
+                                 f"papers/{paper}/commands.py")
+            owner[name] = paper
+        out[paper] = dict(commands)
+    return out

@@ -1,0 +1,112 @@
+"""The layout's promises, checked: the shared layer `repro/` imports no paper (`papers/` depend on `repro/`, never
+the reverse; each paper adds its commands through `repro.cli.registry`), the command layer `repro.cli` has no
+import circle and sits above the library (no library module imports it), and `repro --help` lists the shared
+commands, then each paper's under the paper's name (issue 16)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPRO = ROOT / "repro"
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every import statement of a file (also those inside functions), relative ones resolved."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    package = ".".join(parts[:-1])
+    return _imports_of(path.read_text(), package=package, filename=str(path))
+
+
+def _imports_of(text: str, *, package: str, filename: str = "<probe>") -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(text, filename=filename)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            out += [(base, node.lineno)] + [(f"{base}.{a.name}", node.lineno) for a in node.names]
+    return out
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_under_repro_imports_papers():
+    offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted(REPRO.rglob("*.py"))
+                 for name, line in _imports(p) if name == "papers" or name.startswith("papers.")]
+    assert not offenders, "the shared layer must not import a paper:\n" + "\n".join(offenders)
+
+
+def test_the_check_sees_every_form_of_importing_papers():
+    # top level, inside a function, `from papers import x`, and a relative import climbing out of repro/
+    for text, package in (("import papers.mgk.lra\n", "repro"), ("def f():\n    from papers.mgk import lra\n", "repro"),
+                          ("from papers import mgk\n", "repro.cli"), ("from ..papers import mgk\n", "repro")):
+        names = [n for n, _ in _imports_of(text, package=package)]
+        assert any(n == "papers" or n.startswith("papers.") for n in names), text
+
+
+def test_library_modules_do_not_import_the_command_layer():
+    offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted(REPRO.rglob("*.py"))
+                 if "cli" not in p.relative_to(REPRO).parts[:1] and p.name != "__main__.py"
+                 for name, line in _imports(p) if name == "repro.cli" or name.startswith("repro.cli.")]
+    assert not offenders, "the library must be importable without the CLI:\n" + "\n".join(offenders)
+
+
+def test_no_import_circle_among_the_cli_modules():
+    modules = {_module_name(p): p for p in sorted((REPRO / "cli").glob("*.py"))}
+    graph = {m: sorted({n for n, _ in _imports(p) if n in modules and n != m}) for m, p in modules.items()}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for n in graph[m]:
+            assert seen.get(n) != 1, "import circle: " + " -> ".join([*path, m, n])
+            if n not in seen:
+                visit(n, [*path, m])
+        seen[m] = 2
+
+    for m in graph:
+        if m not in seen:
+            visit(m, [])
+    # and each one imports on its own, in a fresh interpreter, whatever was imported before it
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    for m in modules:
+        done = subprocess.run([sys.executable, "-c", code, m], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{m}: {done.stderr[-800:]}"
+
+
+def test_help_lists_the_commands_by_paper():
+    done = subprocess.run([sys.executable, "-m", "repro", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    shared, _, papers = out.partition("commands of the papers")
+    assert "shared commands:" in shared and "bench-attention" not in shared and "bench-context" not in shared
+    for command in ("fit", "runs", "describe", "bench", "tables", "recl", "generate"):
+        assert f"\n    {command} " in shared, command
+    # each paper's heading, then its commands, indented under it
+    lines = papers.splitlines()
+    heading = {line.strip().rstrip(":"): i for i, line in enumerate(lines) if line.startswith("  ") and
+               not line.startswith("    ")}
+    assert list(heading) == ["infinity_former", "mgk"]
+    assert lines[heading["infinity_former"] + 1].split()[0] == "bench-context"
+    assert lines[heading["mgk"] + 1].split()[0] == "bench-attention"
+
+
+def test_every_registered_command_runs_through_repro(tmp_path):
+    from repro.cli.registry import paper_commands
+
+    papers = paper_commands()
+    assert {name for cmds in papers.values() for name in cmds} == {"bench-attention", "bench-context"}
+    for cmds in papers.values():
+        for name in cmds:
+            done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=120)
+            assert done.returncode == 0 and done.stdout.startswith(f"usage: repro {name}"), done.stderr
