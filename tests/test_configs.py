@@ -7,9 +7,10 @@ import pytest
 from repro.cli.commands import describe_configs
 
 ROOT = Path(__file__).resolve().parent.parent
-# configs/rehearsal/ holds overrides composed after a paper config (tests/test_rehearsal.py builds them so)
+# configs/rehearsal/ holds overrides composed after a paper config (tests/test_rehearsal.py builds them so);
+# claims.yaml holds a profile's pre-registered claims (repro/claims.py), not a config
 CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml")
-                 if p.parent.name != "rehearsal")
+                 if p.parent.name != "rehearsal" and p.name != "claims.yaml")
 
 
 def test_there_are_configs():
@@ -21,8 +22,8 @@ def test_config_builds(config, monkeypatch):
     monkeypatch.chdir(ROOT)
     row = describe_configs([config])[0]  # an *.eval.yaml is built on top of its training config
     assert row["parameters"] > 0 and row["paper"] and row["experiment"] and row["profile"]
-    if "/tiny/" in config:  # offline data only: the embedded corpora, or tasks the project generates (sorting)
-        assert row["profile"] == "tiny" and row["corpus"].startswith(("embedded-", "sorting-"))
+    if "/tiny/" in config or "/small/" in config:  # offline: the embedded corpora, or generated tasks (sorting)
+        assert row["profile"] == Path(config).parent.name and row["corpus"].startswith(("embedded-", "sorting-"))
     else:
         assert row["profile"] == "paper" and not row["corpus"].startswith("embedded-")
 
