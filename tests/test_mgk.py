@@ -149,3 +149,37 @@ def test_noncausal_mlk_ignores_padded_keys():
     h2[0, 3:] = torch.randn(2, D) * 9  # changing padded positions changes nothing for the real ones
     out2, _ = att(h2, mask_TK=pad)
     assert_close(out[0, :3], out2[0, :3])
+
+
+@pytest.mark.parametrize("keys", ["separate", "shifted"])
+@pytest.mark.parametrize("layout", ["head", "position", "global"])
+@pytest.mark.parametrize("masking", ["causal", "padding"])
+def test_joint_softmax_path_equals_the_component_scores_path(keys, layout, masking):
+    """The fast path (one product of augmented vectors, a softmax over all (component, key) pairs, summed over
+    components) gives the log-space path's weights and gradients: the same mixture, another order of operations."""
+    torch.manual_seed(0)
+    b, t, d, h, e = 2, 12, 16, 2, 8
+    attn = MGKAttention(d_model=d, n_head=h, d_head=e, dropatt=0.0, keys=keys, pi_layout=layout,
+                        max_klen=16, learn_variance=True)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0.0, 0.3)
+        if layout != "head":
+            attn.weights.pi.uniform_(0.05, 0.95)
+    x = torch.randn(b, t, d)
+    if masking == "causal":
+        mask = causal_mask(t, t)
+    else:
+        mask = torch.zeros(b, 1, 1, t, dtype=torch.bool)
+        mask[0, ..., 9:] = True
+    q, k, v = attn.proj(x, x)
+    fast = attn.joint_probabilities(q, k, mask).sum(-2)
+    slow = torch.softmax(torch.logsumexp(attn.component_scores(q, k), -1).masked_fill(mask, float("-inf")), -1)
+    assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    g_fast = torch.autograd.grad((fast * torch.arange(t)).sum(), [*attn.parameters()], allow_unused=True,
+                                 retain_graph=True)
+    g_slow = torch.autograd.grad((slow * torch.arange(t)).sum(), [*attn.parameters()], allow_unused=True)
+    for a, c in zip(g_fast, g_slow):
+        assert (a is None) == (c is None)
+        if a is not None:
+            assert_close(a, c, atol=1e-5, rtol=1e-4)

@@ -12,7 +12,11 @@ mixture of R Gaussians with weights π and variances σ²:
     a_ij = Σ_r π_r N(q_i; k_jr, σ_r²) / Σ_j' Σ_r π_r N(q_i; k_j'r, σ_r²),   N(q; k, σ²) ∝ exp(−‖q − k‖² / 2σ²)
 
 computed here in log space, score_ij = logsumexp_r(log π_r − ‖q_i − k_jr‖² / 2σ_r²), then a masked softmax over j
-(max-subtracted, so no exponential overflows; the reference exponentiates raw distances). The linear version
+(max-subtracted, so no exponential overflows; the reference exponentiates raw distances). Where π is learned by
+gradient (and in evaluation), the same weights come from one softmax over all (component, key) pairs of scores
+built by a single product of augmented vectors, summed over components (`MGKAttention.joint_probabilities`):
+no (T, K, R) temporaries, and the backward keeps one (T, R·K) tensor, which makes MGK-4 cheaper than softmax-8
+in time and activation memory instead of dearer (README, efficiency). The linear version
 (MLK) replaces the kernel by a feature map φ: h_i = φ(q_i)ᵀ Σ_j Σ_r π_r φ(k_jr) v_jᵀ / φ(q_i)ᵀ Σ_j Σ_r π_r φ(k_jr).
 
 Options, by config strings:
@@ -243,11 +247,40 @@ class MGKAttention(nn.Module):
         w = (valid_BK[:, None, :, None] & valid_BK[:, None, None, :]).expand(b, h, t, k)
         self.weights.e_step(resp, w, update_K=valid_BK.any(0))
 
+    def joint_probabilities(self, q_BHTE, k_BHRKE, mask_TK) -> torch.Tensor:
+        """P (B, H, T, R, K): the softmax over all R·K (component, key) pairs of the component scores, so that
+        Σ_r P[..., r, j] is the attention weight of key j (softmax over j of logsumexp_r: the same number).
+
+        The scores come from one matrix product of augmented vectors: with c_r = 1/2σ_r²,
+        log π_rj − c_r‖q_i − k_jr‖² = [q_i, ‖q_i‖², 1] · [2c_r k_jr, −c_r, log π_rj − c_r‖k_jr‖²]. Unlike
+        `component_scores` nothing of size (T, K, R, E) or several (T, K, R) temporaries is built, and the backward
+        keeps only P."""
+        inv2s2 = (0.5 * torch.exp(-self.log_sigma2)).to(q_BHTE.dtype)[None, :, :, None, None]  # (1, H, R, 1, 1)
+        b, h, r, k_len, _ = k_BHRKE.shape
+        q2 = (q_BHTE * q_BHTE).sum(-1, keepdim=True)
+        q_aug = torch.cat([q_BHTE, q2, torch.ones_like(q2)], dim=-1)  # (B, H, T, E+2)
+        k2 = (k_BHRKE * k_BHRKE).sum(-1, keepdim=True)  # (B, H, R, K, 1)
+        const = -k2 * inv2s2
+        log_pi = self.weights.log_pi(k_len)  # broadcastable to (B, H, T, K, R)
+        if log_pi is not None:
+            const = const + log_pi[:, :, 0].permute(0, 1, 3, 2)[..., None].to(const.dtype)  # (1, H, R, K|1, 1)
+        k_aug = torch.cat([k_BHRKE * (2 * inv2s2), (-inv2s2).expand(b, h, r, k_len, 1), const], dim=-1)
+        scores = q_aug @ k_aug.reshape(b, h, r * k_len, -1).transpose(-1, -2)  # (B, H, T, R·K)
+        t = scores.shape[2]
+        scores = scores.view(b, h, t, r, k_len).masked_fill(mask_TK.unsqueeze(-2), float("-inf"))
+        return torch.softmax(scores.view(b, h, t, r * k_len), dim=-1).view(b, h, t, r, k_len)
+
     def forward(self, h_BTD, *, mem_BMD=None, mask_TK, pos=None, kv_mem=None):
         if (mem_BMD is not None and mem_BMD.shape[1]) or kv_mem is not None:
             raise ValueError("MGK attention keeps no memory: use mem_len 0")
         b, t, _ = h_BTD.shape
         q, k, v = self.proj(h_BTD, h_BTD)
+        e_step = self.weights.kind == "soft_em" and self.training
+        if self.weights.kind != "hard_em" and not self.norm_eps and not e_step:
+            # float32, as below: squared distances lose bits in bf16
+            prob = self.dropatt(self.joint_probabilities(q.float(), k.float(), mask_TK).sum(-2))
+            out = prob.to(v.dtype) @ v
+            return self.o_net(out.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)), None
         s = self.component_scores(q.float(), k.float())  # (B, H, T, K, R), float32: distances lose bits in bf16
         if self.weights.kind == "hard_em":
             scores = s.amax(-1)
