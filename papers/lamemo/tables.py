@@ -12,7 +12,8 @@ Run records (written by the DVC stages, see papers/lamemo/README.md):
 - `runs/<profile>/<exp>.seed<N>.txl_protocol.test.json`: test under Transformer-XL's (longer memory, same_length);
 - `runs/<profile>/<exp>.seed<N>.utilisation.json`: `python -m papers.lamemo.utilisation`;
 - `runs/<profile>/bench*.jsonl`: `repro bench` lines, train and eval, for both models at equal lengths.
-The paper profile runs one seed (`seed1`).
+The paper profile runs one seed (`seed1`); the small profile five (`configs/lamemo/small/claims.yaml`: its
+pre-registered claims, decided by `repro.claims` in `claims_small.md`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from repro.tables import Cell, Results, Table, bench_provenance, provenance
 
 NAME = "lamemo"
 SEEDS = (1, 2, 3)
-PROFILES = ("tiny", "paper")
+SMALL_SEEDS = (1, 2, 3, 4, 5)
+PROFILES = ("tiny", "small", "paper")
+CLAIMS_SMALL = Path("configs/lamemo/small/claims.yaml")
 NOT_TRANSCRIBED = "not transcribed"
 
 # The paper's numbers, keyed by our experiment names: {"wt103_lamemo": {"test": <test ppl>, "params": <count>}, …}.
@@ -57,8 +60,12 @@ def _mean_std(vals: list[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
+def seeds_of(profile: str) -> tuple[int, ...]:
+    return SMALL_SEEDS if profile == "small" else SEEDS
+
+
 def seed_cell(results: Results, profile: str, exp: str, key: str, fmt: str, suffix: str = "") -> Cell:
-    vals, recs = seed_values(results, profile, exp, key, suffix)
+    vals, recs = seed_values(results, profile, exp, key, suffix, seeds=seeds_of(profile))
     if not vals:
         return Cell("not run", "ours")
     mean, std = _mean_std(vals)
@@ -77,16 +84,20 @@ def dataset_table(results: Results, ds: str) -> Table:
         for suffix, _ in PROTOCOLS:
             row.append(seed_cell(results, "tiny", f"{tiny}_{kind}", key, fmt, suffix))
         for suffix, _ in PROTOCOLS:
+            row.append(seed_cell(results, "small", f"{tiny}_{kind}", key, fmt, suffix))
+        for suffix, _ in PROTOCOLS:
             row.append(seed_cell(results, "paper", exp, key, fmt, suffix))
         rows.append(row)
     cols = ["model", f"paper ({metric})"] + [f"ours: tiny `{tiny}_*`, {p}" for _, p in PROTOCOLS] + \
-           [f"ours: paper profile, {p}" for _, p in PROTOCOLS]
+           [f"ours: small `{tiny}_*`, {p}" for _, p in PROTOCOLS] + [f"ours: paper profile, {p}" for _, p in PROTOCOLS]
     notes = [
         "Paper column: the LaMemo paper's numbers are not transcribed yet (enter them in papers/lamemo/tables.py).",
         "LaMemo protocol: the training segment and memory lengths, no clamp, no same_length (the official eval "
         "scripts). Transformer-XL protocol: shorter segments, a longer memory, clamped distances, same_length.",
         f"Tiny: 3 layers of width 128 on `embedded-{tiny}`, 300 steps of 16 × 32 tokens, memory 32, "
         "mean ± sample std over seeds; see `tiny_comparison.md` for whether the difference exceeds the noise.",
+        "Small: the tiny character-level models trained for 3,000 steps, five seeds (no word-level small run); "
+        "`claims_small.md` decides the comparison.",
     ]
     if ds == "text8":
         notes.append("The tiny profile has one character-level experiment (`char_*`): the same numbers as the "
@@ -127,43 +138,45 @@ def comparison(results: Results) -> Table:
                  ["corpus, protocol", "Transformer-XL", "LaMemo", "Δ (LaMemo − TXL)", "verdict"], rows, notes)
 
 
-def _utilisation(results: Results, tiny: str, kind: str) -> list[dict]:
+def _utilisation(results: Results, tiny: str, kind: str, profile: str = "tiny") -> list[dict]:
     out = []
-    for s in SEEDS:
-        rec = results.get("tiny", f"{tiny}_{kind}.seed{s}", "utilisation")
+    for s in seeds_of(profile):
+        rec = results.get(profile, f"{tiny}_{kind}.seed{s}", "utilisation")
         if rec:
             out.append(rec["utilisation"])
     return out
 
 
+def far_mass(u: dict) -> float:
+    """Mean attention per key at distances of one segment or more (d ≥ tgt_len: the oldest memory positions)."""
+    d = u["mass_by_distance"][u["tgt_len"]:]
+    return sum(d) / max(1, len(d))
+
+
 def utilisation_table(results: Results) -> Table:
     rows, verdicts = [], []
-    for tiny in ("char", "word"):
+    for profile, tiny in (("tiny", "char"), ("tiny", "word"), ("small", "char")):
         for kind, label in MODELS:
-            us = _utilisation(results, tiny, kind)
+            us = _utilisation(results, tiny, kind, profile)
             if not us:
-                rows.append([f"`embedded-{tiny}`", label, Cell("not run", "ours"), "—", "—"])
+                rows.append([profile, f"`embedded-{tiny}`", label, Cell("not run", "ours"), "—", "—"])
                 continue
             m, s = _mean_std([u["memory_mass"] for u in us])
-            far = []
-            for u in us:  # mass per key at distances beyond one segment (the oldest half of the memory)
-                d = u["mass_by_distance"]
-                lo = u["tgt_len"]
-                far.append(sum(d[lo:]) / max(1, len(d[lo:])))
-            fm, fs = _mean_std(far)
+            fm, fs = _mean_std([far_mass(u) for u in us])
             layers = [statistics.fmean(col) for col in zip(*(u["memory_mass_per_layer"] for u in us))]
-            if kind == "lamemo":
+            if kind == "lamemo" and profile == "tiny":
                 base = _utilisation(results, tiny, "txl")
                 if base:
                     bm, bs = _mean_std([u["memory_mass"] for u in base])
                     exceeds = len(us) > 1 and len(base) > 1 and abs(m - bm) > s + bs
-                    verdicts.append(f"- `embedded-{tiny}`: LaMemo puts {m:.3f} of its attention on the memory, "
+                    verdicts.append(f"- tiny, `embedded-{tiny}`: LaMemo puts {m:.3f} of its attention on the memory, "
                                     f"Transformer-XL {bm:.3f}: a difference of {m - bm:+.3f}, "
                                     + ("which exceeds the seed spread." if exceeds else "within the seed spread."))
-            rows.append([f"`embedded-{tiny}`", label, Cell(f"{m:.3f} ± {s:.3f} (n={len(us)})", "ours"),
+            rows.append([profile, f"`embedded-{tiny}`", label, Cell(f"{m:.3f} ± {s:.3f} (n={len(us)})", "ours"),
                          Cell(f"{fm:.4f} ± {fs:.4f}", "ours"), ", ".join(f"{x:.3f}" for x in layers)])
-    return Table("utilisation", "Attention utilisation of the memory (tiny profile, trained checkpoints)",
-                 ["corpus", "model", "attention mass on memory (mean over queries)",
+    verdicts.append("- small, `embedded-char`: decided over five seeds in `claims_small.md` (Welch t intervals).")
+    return Table("utilisation", "Attention utilisation of the memory (tiny and small profiles, trained checkpoints)",
+                 ["profile", "corpus", "model", "attention mass on memory (mean over queries)",
                   "mean attention per key at distance ≥ one segment", "mass on memory per layer (1 → L)"],
                  rows, ["Validation split, LaMemo protocol (memory 32, segments 32), segments with a full memory; "
                         "mean ± std over seeds. `utilisation_tiny.png` plots the attention per key against the "
@@ -263,5 +276,35 @@ def build(results: Results) -> list[Table]:
     tables = [dataset_table(results, ds) for ds in DATASETS]
     tables += [comparison(results), utilisation_table(results), cost_table(results),
                params_table(describe_configs(cfgs))]
+    tables.append(claims_table(results))
     plot_utilisation(results, results.root / NAME / "utilisation_tiny.png")
     return tables
+
+
+def claim_values(results: Results, profile: str):
+    """`repro.claims` values for this paper's claims: a record field (`stage: test`), the same under Transformer-XL's
+    protocol (`stage: txl_protocol.test`: records `<exp>.seed<N>.txl_protocol`), or a statistic of the utilisation
+    analysis (`stage: utilisation`: `memory_mass`, or `far_mass` as in the utilisation table)."""
+    def arm(claim, exp: str) -> list[float]:
+        out = []
+        for s in claim.seeds:
+            if claim.stage == "utilisation":
+                rec = results.get(profile, f"{exp}.seed{s}", "utilisation")
+                if rec is not None:
+                    u = rec["utilisation"]
+                    out.append(far_mass(u) if claim.metric == "far_mass" else float(u[claim.metric]))
+                continue
+            suffix, _, stage = claim.stage.rpartition(".")
+            rec = results.get(profile, f"{exp}.seed{s}" + (f".{suffix}" if suffix else ""), stage)
+            if rec is not None and claim.metric in rec.get("metrics", {}):
+                out.append(float(rec["metrics"][claim.metric]))
+        return out
+
+    return lambda claim: (arm(claim, claim.a), arm(claim, claim.b))
+
+
+def claims_table(results: Results) -> Table:
+    from repro import claims
+
+    found = claims.verdicts(results, "small", CLAIMS_SMALL, values=claim_values(results, "small"))
+    return claims.table("claims_small", "LaMemo — pre-registered claims of the small profile", found, profile="small")

@@ -52,7 +52,8 @@ LRA_LEARNING = [
     ("MGK + Soft-E", 33.85, 65.25, 80.73, 59.94), ("MGK", 37.13, 65.40, 80.63, 61.05),
 ]
 
-PROFILES = ("tiny", "paper")
+PROFILES = ("tiny", "small", "paper")
+CLAIMS_SMALL = Path("configs/mgk/small/claims.yaml")
 LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 TASK_LABEL = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
 TINY_TASKS = ("listops",)  # the tiny profile generates a small ListOps; the other tasks need their downloads
@@ -104,7 +105,9 @@ def wt103(results: Results) -> Table:
     notes = [f"Paper: {VERSION}; 16 layers, d_model 128, independent segments of 256 tokens, sliding-window test.",
              "Ours, tiny: 2 layers of width 128 (heads of 16), 400 steps of 16 × 64 tokens on `embedded-word`, "
              "test perplexity with sliding windows of 64 tokens, stride 16; mean ± standard deviation where several "
-             "seeds were run (`<experiment>.seed<N>` records beside the default seed 1111)."]
+             "seeds were run (`<experiment>.seed<N>` records beside the default seed 1111).",
+             "Ours, small: the tiny models with dropout 0.1 trained for 2,500 steps, seeds 1-4 (softmax-8, MGK-4) "
+             "and 1-3 (MGK-8); the claims are decided in `claims_small.md`."]
     s8, _ = seed_values(results, "tiny", "wt103_softmax8", "test/ppl")
     m4, _ = seed_values(results, "tiny", "wt103_mgk4", "test/ppl")
     if len(s8) >= 2 and len(m4) >= 2:
@@ -122,7 +125,8 @@ def wt103(results: Results) -> Table:
         notes.insert(0, f"**MGK with 4 heads against softmax with 8 (tiny, one seed): {m4[0]:.2f} vs {s8[0]:.2f} "
                         f"({rel:+.1f}%).** One seed cannot say whether this difference is real.")
     return Table("wt103", "WikiText-103 perplexity (16-layer models in the paper)",
-                 ["model", "paper valid", "paper test", "ours: tiny (test)", "ours: paper profile (test)"],
+                 ["model", "paper valid", "paper test", "ours: tiny (test)", "ours: small (test)",
+                  "ours: paper profile (test)"],
                  rows, notes)
 
 
@@ -142,15 +146,17 @@ def _lra(name: str, title: str, rows_in, results: Results, *, compare: bool = Fa
     for label, *vals in rows_in:
         v = variant_of(label)
         ours = [_acc_cell(results, "tiny", t, v) for t in TINY_TASKS]
+        ours += [_acc_cell(results, "small", t, v) for t in TINY_TASKS]
         ours += [_acc_cell(results, "paper", t, v) for t in LRA_TASKS]
         rows.append([label, *(paper_cell(x) for x in vals), *ours])
     cols = ["model", "paper ListOps", "paper Text", "paper Retrieval", "paper Avg", "ours tiny: ListOps",
-            *(f"ours paper profile: {TASK_LABEL[t]}" for t in LRA_TASKS)]
+            "ours small: ListOps", *(f"ours paper profile: {TASK_LABEL[t]}" for t in LRA_TASKS)]
     notes = [f"Paper: {VERSION}, test accuracy (%), 2-layer models, 5-seed means.",
              "Ours: test accuracy (%), mean ± standard deviation over the seeds run (n). Tiny: ListOps generated here "
              "at a small size (4,000 training trees of 16–64 tokens, depth ≤ 6, ≤ 5 arguments; 1,000 test trees), "
              "the paper's 2-layer classifier without dropout, 300 steps of 32 — a stand-in, not the paper's task "
-             "(chance is 10%, the most frequent test label about 12%). Paper profile: `configs/mgk/paper/lra_<task>.yaml`, "
+             "(chance is 10%, the most frequent test label about 12%). Small: the same task, softmax 2 heads and MGK "
+             "1 head, one seed (not a claim of the small profile). Paper profile: `configs/mgk/paper/lra_<task>.yaml`, "
              "not run here (GPU hours)."]
     comparison = _tiny_comparison(results) if compare else None
     if comparison:
@@ -280,4 +286,27 @@ def build(results: Results) -> list[Table]:
         _lra("lra_linear", "Long Range Arena, linear family", LRA_LINEAR, results),
         _lra("lra_learning", "Long Range Arena, learning options (1 head)", LRA_LEARNING, results),
         efficiency(results),
+        claims_table(results),
     ]
+
+
+def claims_table(results: Results) -> Table:
+    """The small profile's pre-registered claims (configs/mgk/small/claims.yaml), decided by `repro.claims`, with
+    the parameter ratio of the compared models from their records."""
+    from repro import claims
+
+    found = claims.verdicts(results, "small", CLAIMS_SMALL)
+    table = claims.table("claims_small", "Transformer-MGK — pre-registered claims of the small profile", found,
+                         profile="small")
+    params = {}
+    for exp in ("wt103_softmax8", "wt103_mgk4", "wt103_mgk8"):
+        recs = seed_values(results, "small", exp, "test/ppl")[1]
+        if recs:
+            params[exp] = recs[0].get("provenance", {}).get("parameters")
+    if params.get("wt103_softmax8") and params.get("wt103_mgk4"):
+        table.notes.append(
+            "Parameters of the compared models (whole model, adaptive softmax included): MGK-4 "
+            f"{params['wt103_mgk4']:,} / softmax-8 {params['wt103_softmax8']:,} = "
+            f"{params['wt103_mgk4'] / params['wt103_softmax8']:.3f}×; the attention layers alone and the FLOPs: "
+            "papers/mgk/README.md (small profile).")
+    return table
