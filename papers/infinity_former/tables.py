@@ -3,13 +3,17 @@
 Figure 3 of the paper prints no numbers (PAPERS.md §2: read them off the figure; none are quoted here), so the
 paper column states what the paper says, and ours are the test accuracies of our runs:
 - `fig3_left`: sorting accuracy vs sequence length for Transformer-XL, the compressive transformer, the ∞-former
-  and the ∞-former with sticky memories (paper lengths 4000/8000/16000; tiny 256/512/1024);
+  and the ∞-former with sticky memories (paper lengths 4000/8000/16000; small 128/256/512; tiny 256/512/1024);
 - `fig3_right`: accuracy and regression error vs the number of basis functions at the middle length;
 - `context_cost`: the cost-vs-context benchmark (`repro bench-context`), time and memory per segment;
 - `table1`: perplexity of GPT-2 small fine-tuned on WikiText-103 and PG-19, plain, with a compressed memory and
   with the continuous LTM (linear and sticky); the tiny stand-in is a small random GPT-2 on the embedded corpus;
 - `table2`: grounded dialogue on CMU-DoG (tiny: the generated dialogue set): perplexity, F1, ROUGE-1, ROUGE-L,
   METEOR, plus the ROUGE recall that the official script computed in place of the F-measure.
+- `claims_small`: the small profile's pre-registered claims (`configs/infinity_former/small/claims.yaml`) decided
+  by `repro.claims` from the seed records: Figure 3 left as the per-seed drop in accuracy from the shortest to the
+  longest length, sticky memories at the longest length, Figure 3 right as N = 32 against N = 8.
+Small-profile cells are means ± sample standard deviation over the seeds run (`<experiment>.seed<N>` records).
 Plots (PNG) are written beside the tables.
 """
 
@@ -17,14 +21,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, bench_provenance, paper_cell
+import statistics
+
+from repro import claims
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
 
 PAPER = "infinity_former"
+PROFILES = ("tiny", "small", "paper")
+# the small profile's pre-registered protocol (issue 14); its runs are `<experiment>.seed<N>`
+CLAIMS_SMALL = Path(__file__).resolve().parents[2] / "configs" / PAPER / "small" / "claims.yaml"
+SEEDS = range(1, 10)  # seed records looked for in the small profile
 MODELS = [("txl", "Transformer-XL"), ("compressive", "Compressive transformer"), ("infty", "∞-former"),
           ("infty_sticky", "∞-former (sticky memories)")]
-LENGTHS = {"paper": (4000, 8000, 16000), "tiny": (256, 512, 1024)}
-BASIS = {"paper": (256, 512, 1024, 2048), "tiny": (16, 32, 64, 128)}
-DEFAULT_N = {"paper": 1024, "tiny": 64}
+LENGTHS = {"paper": (4000, 8000, 16000), "small": (128, 256, 512), "tiny": (256, 512, 1024)}
+BASIS = {"paper": (256, 512, 1024, 2048), "small": (8, 16, 32, 64), "tiny": (16, 32, 64, 128)}
+DEFAULT_N = {"paper": 1024, "small": 32, "tiny": 64}
 PAPER_LEFT = ("Paper (Fig. 3 left, no numbers printed): Transformer-XL is slightly better than the compressive "
               "transformer and the ∞-former at 4,000; its accuracy degrades rapidly as the length grows; the "
               "∞-former's decrease is the least significant.")
@@ -33,9 +44,49 @@ PAPER_RIGHT = ("Paper (Fig. 3 right, length 8,000): accuracy is negatively corre
                "and the accuracy starts to drop.")
 
 
+def seed_values(results: Results, profile: str, exp: str, key: str, stage: str = "test") -> dict[int, float]:
+    """{seed: value} of the `<exp>.seed<N>` records that hold `key`."""
+    out = {}
+    for s in SEEDS:
+        rec = results.get(profile, f"{exp}.seed{s}", stage)
+        if rec is not None and key in rec.get("metrics", {}):
+            out[s] = float(rec["metrics"][key])
+    return out
+
+
+def seeds_cell(results: Results, profile: str, exp: str, key: str, *, fmt: str = "{:.3f}",
+               stage: str = "test") -> Cell:
+    """The mean over the seeds run (value, for verdict lines and plots) shown as mean ± sd (n); 'not run'."""
+    values = seed_values(results, profile, exp, key, stage)
+    if not values:
+        return Cell("not run", "ours")
+    first = results.get(profile, f"{exp}.seed{min(values)}", stage)
+    mean = statistics.fmean(values.values())
+    spread = f" ± {fmt.format(statistics.stdev(values.values()))}" if len(values) > 1 else ""
+    prov = provenance(first) + f" (seeds {', '.join(map(str, sorted(values)))}: same settings)"
+    return SeedCell(mean, "ours", prov, fmt, text_=f"{fmt.format(mean)}{spread} (n = {len(values)})")
+
+
+class SeedCell(Cell):
+    """A numeric cell (its value is the mean) whose text is mean ± sd (n)."""
+
+    def __init__(self, value, source, provenance_, fmt, *, text_: str):
+        super().__init__(value, source, provenance_, fmt)
+        self.text_ = text_
+
+    def text(self) -> str:
+        return self.text_
+
+
+def _metric(results: Results, profile: str, exp: str, key: str, *, fmt: str = "{:.2f}") -> Cell:
+    """A record's metric; in the small profile the mean over the seed records."""
+    if profile == "small":
+        return seeds_cell(results, profile, exp, key, fmt=fmt)
+    return results.metric(profile, exp, "test", key, fmt=fmt)
+
+
 def _acc(results: Results, profile: str, exp: str) -> Cell:
-    cell = results.metric(profile, exp, "test", "test/acc", fmt="{:.3f}")
-    return cell
+    return _metric(results, profile, exp, "test/acc", fmt="{:.3f}")
 
 
 def _value(cell: Cell) -> float | None:
@@ -60,17 +111,19 @@ def verdict_left(acc: dict[str, dict[int, float | None]], lengths: tuple[int, ..
 
 def fig3_left(results: Results) -> tuple[Table, dict]:
     rows, data = [], {}
-    for profile in ("tiny", "paper"):
+    for profile in PROFILES:
         for key, label in MODELS:
             cells = [_acc(results, profile, f"sort_{L}_{key}") for L in LENGTHS[profile]]
             data.setdefault(profile, {})[key] = {L: _value(c) for L, c in zip(LENGTHS[profile], cells)}
             rows.append([label, profile, *cells])
     notes = [PAPER_LEFT]
-    for profile in ("tiny", "paper"):
+    for profile in PROFILES:
         notes.append(f"**{profile}** — {verdict_left(data[profile], LENGTHS[profile])}")
-    notes.append("Columns are the three lengths of each profile: paper 4000 / 8000 / 16000, tiny 256 / 512 / 1024 "
-                 "(every length divided by 16, see papers/infinity_former/README.md). Accuracy = token accuracy "
-                 "on the 20 sorted output symbols of the test split, one seed per cell.")
+    notes.append("Columns are the three lengths of each profile: paper 4000 / 8000 / 16000, small 128 / 256 / 512 "
+                 "(divided by 32), tiny 256 / 512 / 1024 (divided by 16), see papers/infinity_former/README.md. "
+                 "Accuracy = token accuracy on the 20 sorted output symbols of the test split; tiny and paper one "
+                 "seed per cell, small the mean ± sd over its seeds (the verdict line above compares means; the "
+                 "decided claims are in `claims_small.md`).")
     table = Table("fig3_left", "Sorting accuracy vs sequence length (Fig. 3 left)",
                   ["model", "profile", "short", "middle", "long"], rows, notes)
     return table, data
@@ -78,12 +131,12 @@ def fig3_left(results: Results) -> tuple[Table, dict]:
 
 def fig3_right(results: Results) -> tuple[Table, dict]:
     rows, data = [], {}
-    for profile in ("tiny", "paper"):
+    for profile in PROFILES:
         L = LENGTHS[profile][1]
         for n in BASIS[profile]:
             exp = f"sort_{L}_infty" if n == DEFAULT_N[profile] else f"sort_{L}_infty_n{n}"
             acc = _acc(results, profile, exp)
-            err = results.metric(profile, exp, "test", "test/regression_error", fmt="{:.4f}")
+            err = _metric(results, profile, exp, "test/regression_error", fmt="{:.4f}")
             data.setdefault(profile, []).append((n, _value(acc), _value(err)))
             rows.append([profile, f"{L}", f"{n}", acc, err])
     notes = [PAPER_RIGHT,
@@ -95,10 +148,11 @@ def fig3_right(results: Results) -> tuple[Table, dict]:
 
 
 def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
-    rows_in = [r for profile in ("tiny", "paper") for r in results.load_json_lines(f"runs/{profile}/bench_context.jsonl")]
+    rows_in = [{**r, "profile": profile} for profile in PROFILES
+               for r in results.load_json_lines(f"runs/{profile}/bench_context.jsonl")]
     if not rows_in:
         return None, []
-    rows = [[r["model"], f"{r['context']:,}",
+    rows = [[r["model"], r["profile"], f"{r['context']:,}",
              Cell(r["ms_per_segment"], "ours", bench_provenance(r, r.get("device", "")), "{:.1f}"),
              Cell(r["memory_state_mb"], "ours", bench_provenance(r, r.get("device", "")), "{:.2f}"),
              Cell(r.get("peak_mb"), "ours", bench_provenance(r, r.get("device", "")), "{:.1f}")] for r in rows_in]
@@ -108,7 +162,7 @@ def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
              "into, so its time and memory per segment stay flat. memory state = the carried memory's size; peak = "
              "the peak of the tensors one segment's forward pass creates (attention scores and activations, counted "
              "by `repro.memtrack.TensorPeak` on any device)."]
-    return Table("context_cost", "Cost per segment vs context length", ["model", "context (tokens)",
+    return Table("context_cost", "Cost per segment vs context length", ["model", "profile", "context (tokens)",
                  "ms / segment", "memory state (MB)", "peak (MB)"], rows, notes), rows_in
 
 
@@ -126,7 +180,8 @@ def _plots(left: dict, right: dict, cost: list[dict], root: Path) -> None:
         plt.close(fig)
 
     for profile, per_model in left.items():
-        if not any(v is not None for m in per_model.values() for v in m.values()):
+        # the tiny and small plots are pipeline outputs: written (empty) before their runs exist
+        if profile == "paper" and not any(v is not None for m in per_model.values() for v in m.values()):
             continue
         fig, ax = plt.subplots(figsize=(5, 3.4))
         for key, label in MODELS:
@@ -139,15 +194,18 @@ def _plots(left: dict, right: dict, cost: list[dict], root: Path) -> None:
         ax.set_ylabel("test accuracy (sorted tokens)")
         ax.set_title(f"Sorting, {profile} profile (ours)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
         fig.tight_layout()
         save(fig, f"fig3_left_{profile}.png")
     for profile, pts in right.items():
         pts = [p for p in pts if p[1] is not None]
-        if not pts:
+        if not pts and profile == "paper":
             continue
         fig, ax = plt.subplots(figsize=(5, 3.4))
-        ns, accs, errs = zip(*pts)
+        ns, accs, errs = zip(*pts) if pts else ((), (), ())
         ax.plot(ns, accs, "o-", color="C0", label="accuracy")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("basis functions N")
@@ -157,13 +215,16 @@ def _plots(left: dict, right: dict, cost: list[dict], root: Path) -> None:
             ax2.plot([n for n, e in zip(ns, errs) if e is not None], [e for e in errs if e is not None], "s--",
                      color="C3")
             ax2.set_ylabel("regression error", color="C3")
+        if not pts:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(f"Basis functions, {profile} profile (ours)")
         fig.tight_layout()
         save(fig, f"fig3_right_{profile}.png")
     if cost:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-        for model in sorted({r["model"] for r in cost}):
-            rs = sorted((r for r in cost if r["model"] == model), key=lambda r: r["context"])
+        for model, profile in sorted({(r["model"], r["profile"]) for r in cost}):
+            rs = sorted((r for r in cost if (r["model"], r["profile"]) == (model, profile)), key=lambda r: r["context"])
+            model = f"{model} ({profile})"
             axes[0].plot([r["context"] for r in rs], [r["ms_per_segment"] for r in rs], "o-", label=model)
             axes[1].plot([r["context"] for r in rs], [r["memory_state_mb"] for r in rs], "o-", label=model)
             peaks = [(r["context"], r["peak_mb"]) for r in rs if r.get("peak_mb") is not None]
@@ -175,7 +236,8 @@ def _plots(left: dict, right: dict, cost: list[dict], root: Path) -> None:
             ax.set_xlabel("context (tokens)")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.lines:
+                ax.legend(fontsize=7)
         fig.suptitle("Cost per segment as the context grows (ours)")
         fig.tight_layout()
         save(fig, "context_cost.png")
@@ -219,8 +281,9 @@ def table1(results: Results) -> Table:
         ours_wt = results.metric("paper", f"gpt2_wt103_{key}", "test", "test/ppl")
         ours_pg = results.metric("paper", f"gpt2_pg19_{key}", "test", "test/ppl")
         ours_tiny = results.metric("tiny", f"gpt2_lm_{key}", "test", "test/ppl")
+        ours_small = _metric(results, "small", f"gpt2_lm_{key}", "test/ppl")
         tiny[key] = _value(ours_tiny)
-        rows.append([label, paper_cell(wt), paper_cell(pg), ours_wt, ours_pg, ours_tiny])
+        rows.append([label, paper_cell(wt), paper_cell(pg), ours_wt, ours_pg, ours_tiny, ours_small])
     verdict = (f"**tiny** (one seed each; no seed spread measured, so small differences may be noise) — ∞-former "
                f"below GPT-2: {_better(tiny['inftyformer'], tiny['gpt2'], lower=True)}; sticky below GPT-2: "
                f"{_better(tiny['inftyformer_sticky'], tiny['gpt2'], lower=True)}; ∞-former below compressive: "
@@ -231,10 +294,12 @@ def table1(results: Results) -> Table:
              "`configs/infinity_former/paper/gpt2_{wt103,pg19}_*.yaml` (pretrained `gpt2`, blocks of 512 fed in "
              "order, batch 1). Tiny: a 2-layer random GPT-2 of width 64 with a locally trained 1,024-symbol BPE on "
              "the embedded corpus in ordered blocks of 64 tokens — a stand-in that exercises the same code, not "
-             "WikiText-103 or PG-19; its perplexities are on another scale and not comparable to the paper's."]
+             "WikiText-103 or PG-19; its perplexities are on another scale and not comparable to the paper's. "
+             "Small: the same tiny stand-in run once (Table 1 is not a claim of the small profile)."]
     return Table("table1", "GPT-2 fine-tuned with memories: test perplexity (Table 1)",
                  ["model", "paper: WikiText-103", "paper: PG-19", "ours: WikiText-103 (paper profile)",
-                  "ours: PG-19 (paper profile)", "ours: tiny (embedded corpus)"], rows, notes)
+                  "ours: PG-19 (paper profile)", "ours: tiny (embedded corpus)", "ours: small (embedded corpus)"],
+                 rows, notes)
 
 
 def table2(results: Results) -> Table:
@@ -242,8 +307,8 @@ def table2(results: Results) -> Table:
     for key, label in DIALOGUE_MODELS:
         ppl, *scores = PAPER_TABLE2[key]
         rows.append([label, "paper", paper_cell(ppl), "—", *(paper_cell(v) for v in scores), "—", "—"])
-        for profile in ("paper", "tiny"):
-            cells = [results.metric(profile, f"gpt2_dog_{key}", "test", m) for m, _ in DIALOGUE_METRICS]
+        for profile in ("paper", "small", "tiny"):
+            cells = [_metric(results, profile, f"gpt2_dog_{key}", m) for m, _ in DIALOGUE_METRICS]
             if profile == "tiny":
                 tiny[key] = [_value(c) for c in cells]
             rows.append([label, f"ours ({profile})", *cells])
@@ -279,12 +344,42 @@ def table2(results: Results) -> Table:
                  ["model", "source", *(n for _, n in DIALOGUE_METRICS)], rows, notes)
 
 
+# --------------------------------------------------------------------------------- the small profile's claims
+DROP = "test/acc drop"  # claims.yaml metric: accuracy at the shortest length minus accuracy at this experiment's
+
+
+def claim_values(results: Results, claim: claims.Claim) -> tuple[list[float], list[float]]:
+    """Per-seed values of a claim's two arms. `test/acc drop`: for each seed, the test accuracy of the same model
+    at the profile's shortest length minus its accuracy at the claim's experiment (`sort_<L>_<model>`), so that
+    each model is compared with itself (its seed-to-seed level cancels); other metrics: the record field."""
+    if claim.metric != DROP:
+        return claims.values_from_records(results, "small", claim)
+    short = LENGTHS["small"][0]
+
+    def drops(exp: str) -> list[float]:
+        length, model = exp.split("_", 2)[1:]
+        at_long = seed_values(results, "small", exp, "test/acc", claim.stage)
+        at_short = seed_values(results, "small", f"sort_{short}_{model}", "test/acc", claim.stage)
+        return [at_short[s] - at_long[s] for s in claim.seeds if s in at_long and s in at_short]
+
+    return drops(claim.a), drops(claim.b)
+
+
+def claims_small(results: Results) -> Table:
+    verdicts = claims.verdicts(results, "small", CLAIMS_SMALL, values=lambda c: claim_values(results, c))
+    table = claims.table("claims_small", "What the small profile shows: pre-registered claims (sorting, dialogue)",
+                         verdicts, profile="small")
+    table.notes.append(f"`{DROP}`: per seed, the model's test accuracy at length {LENGTHS['small'][0]} minus its "
+                       "accuracy at the longer length named (lower is better: the model degrades less).")
+    return table
+
+
 def build(results: Results) -> list[Table]:
     left_table, left = fig3_left(results)
     right_table, right = fig3_right(results)
     cost_table, cost = context_cost(results)
     _plots(left, right, cost, results.root)
-    tables = [left_table, right_table, table1(results), table2(results)]
+    tables = [left_table, right_table, table1(results), table2(results), claims_small(results)]
     if cost_table is not None:
         tables.append(cost_table)
     return tables

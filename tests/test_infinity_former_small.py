@@ -1,0 +1,105 @@
+"""The ∞-former's small profile (issue 14): `configs/infinity_former/small/claims.yaml` loads and names experiments
+and seeds that params.small.yaml's run lists train (a drop claim also needs the same model at the shortest length);
+the tables build when no small record exists ("not run", "not decided at 0 seeds"); and the claims are decided from
+seed records written as `repro runs` writes them (`<exp>.seed<N>`), the accuracy drop computed per seed.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from repro.claims import load_claims
+from repro.tables import Results
+
+ROOT = Path(__file__).resolve().parent.parent
+CLAIMS = ROOT / "configs" / "infinity_former" / "small" / "claims.yaml"
+
+
+def _specs(section) -> list[str]:
+    if isinstance(section, str):
+        return section.split()
+    if isinstance(section, dict):
+        return [s for v in section.values() for s in _specs(v)]
+    return []
+
+
+def _trained() -> set[tuple[str, int]]:
+    """(experiment, seed) pairs that params.small.yaml trains for the ∞-former (every spec is seeded)."""
+    params = yaml.safe_load((ROOT / "params.small.yaml").read_text())
+    assert params["profile"] == "small"
+    section = params["infinity_former"]
+    out = set()
+    for spec in _specs({k: section[k] for k in ("sorting", "gpt2", "gpt2_dog")}):
+        m = re.fullmatch(r"([\w.-]+?)@(\d+)", spec)
+        assert m, f"{spec}: small runs are seeded (the tables read <exp>.seed<N>)"
+        assert (ROOT / "configs" / "infinity_former" / "small" / f"{m.group(1)}.yaml").exists(), spec
+        out.add((m.group(1), int(m.group(2))))
+    return out
+
+
+def test_claims_name_trained_experiments():
+    from papers.infinity_former.tables import DROP, LENGTHS
+
+    confidence, claims = load_claims(CLAIMS)
+    assert 0.5 < confidence < 1 and claims
+    trained = _trained()
+    for c in claims:
+        assert len(c.seeds) >= 3, f"{c.id}: a comparison of means needs >= 3 seeds"
+        for exp in (c.a, c.b):
+            needed = [exp]
+            if c.metric == DROP:  # the same model at the shortest length, same seeds
+                needed.append(re.sub(r"^sort_\d+_", f"sort_{LENGTHS['small'][0]}_", exp))
+            for e in needed:
+                missing = [s for s in c.seeds if (e, s) not in trained]
+                assert not missing, f"{c.id}: {e} seeds {missing} are not in params.small.yaml"
+
+
+def _record(root: Path, exp: str, seed: int, metrics: dict, group: str = "tasks") -> None:
+    folder = root / "infinity_former" / "runs" / "small" / group
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = {"paper": "infinity_former", "experiment": f"{exp}.seed{seed}", "profile": "small", "stage": "test",
+           "metrics": metrics, "provenance": {"steps": 1500}}
+    (folder / f"{exp}.seed{seed}.test.json").write_text(json.dumps(rec))
+
+
+def test_tables_build_without_small_records(tmp_path):
+    from papers.infinity_former import tables
+
+    built = {t.name: t for t in tables.build(Results("infinity_former", root=tmp_path))}
+    md = built["claims_small"].markdown()
+    assert "not decided at 0 seeds" in md and "holds" not in md
+    assert "| ∞-former | small | not run | not run | not run |" in built["fig3_left"].markdown()
+    assert (tmp_path / "infinity_former" / "fig3_left_small.png").exists()
+    assert (tmp_path / "infinity_former" / "fig3_right_small.png").exists()
+
+
+def test_claims_are_decided_from_seed_records(tmp_path):
+    from papers.infinity_former import tables
+
+    # Transformer-XL drops 0.20 from 128 to 512, the ∞-former 0.02, the compressive 0.10 (small seed noise)
+    acc = {"txl": (0.40, 0.20), "infty": (0.30, 0.28), "compressive": (0.32, 0.22), "infty_sticky": (None, 0.31)}
+    for seed, eps in ((1, 0.0), (2, 0.004), (3, -0.003)):
+        for model, (short, long_) in acc.items():
+            if short is not None:
+                _record(tmp_path, f"sort_128_{model}", seed, {"test/acc": short + eps})
+            _record(tmp_path, f"sort_512_{model}", seed, {"test/acc": long_ - eps})
+        _record(tmp_path, "sort_256_infty", seed, {"test/acc": 0.3 + eps, "test/regression_error": 0.1 + eps / 10})
+        _record(tmp_path, "sort_256_infty_n8", seed, {"test/acc": 0.25 + eps, "test/regression_error": 0.3})
+    results = Results("infinity_former", root=tmp_path)
+    verdicts = {v.claim.id: v for v in tables.claims.verdicts(results, "small", tables.CLAIMS_SMALL,
+                                                              values=lambda c: tables.claim_values(results, c))}
+    txl = verdicts["txl_degrades_faster_than_infty"]
+    assert [round(x, 6) for x in txl.a] == [0.02, 0.028, 0.014]  # per seed: acc(128) − acc(512)
+    assert [round(x, 6) for x in txl.b] == [0.2, 0.208, 0.194]
+    assert txl.verdict == "holds"
+    assert verdicts["infty_degrades_less_than_compressive"].verdict == "holds"
+    assert verdicts["txl_degrades_faster_than_compressive"].verdict == "holds"
+    assert verdicts["sticky_helps_at_longest"].verdict == "holds"  # 0.31 against 0.28
+    assert verdicts["more_basis_functions_lower_regression_error"].verdict == "holds"
+    assert verdicts["more_basis_functions_higher_accuracy"].verdict == "holds"
+    left = tables.fig3_left(results)[0].markdown()
+    assert "0.300 ± 0.004 (n = 3)" in left  # ∞-former at 128: mean ± sd over the three seeds
+    md = tables.claims_small(results).markdown()
+    assert "holds" in md and "test/acc drop" in md
