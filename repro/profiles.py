@@ -56,8 +56,11 @@ def restore(root: Path) -> bool:
 def swapped(root: Path, profile: str):
     """params.<profile>.yaml and dvc.<profile>.lock in place of the default's for the duration of the block."""
     params = root / f"params.{profile}.yaml"
+    if profile == "rehearsal":  # params.rehearsal.yaml is an overlay of params.paper.yaml, not a profile
+        raise ValueError("the rehearsal is not a profile of its own: run `repro rehearse` (a scratch copy, the mirror)")
     if not params.exists():
-        known = sorted(p.name[len("params."):-len(".yaml")] for p in root.glob("params.*.yaml"))
+        known = sorted(p.name[len("params."):-len(".yaml")] for p in root.glob("params.*.yaml")
+                       if p.name != "params.rehearsal.yaml")
         raise ValueError(f"no params.{profile}.yaml in {root}: profiles with a parameter file: {', '.join(known)}")
     lock_path = root / ".dvc" / "tmp" / "repro-profile.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)

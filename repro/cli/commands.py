@@ -120,6 +120,7 @@ ROUTED = {"fit": "train (Lightning CLI; `repro fit --help` lists every option)",
           "test": "evaluate a checkpoint on the test split (Lightning CLI)",
           "steps": "several quoted fit|validate|test commands in order, in one process",
           "runs": "the fit and tests of every experiment of a group (a DVC stage)",
+          "profile": "dvc repro of another profile (params.<profile>.yaml, dvc.<profile>.lock): `repro profile small`",
           "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)"}
 
 
