@@ -180,7 +180,10 @@ def rehearse(argv: list[str]) -> None:
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
         env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
                "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-               "DVC_NO_ANALYTICS": "1"}
+               "DVC_NO_ANALYTICS": "1",
+               # the copy's code, not the checkout's: an editable install would otherwise run whatever the
+               # checkout holds when each stage starts (edits made during a long rehearsal included)
+               "PYTHONPATH": os.pathsep.join([str(ws), *filter(None, [os.environ.get("PYTHONPATH")])])}
         env.pop("REPRO_TEST_DATA", None)
         if args.subset == "ci" and not args.stages:
             plan = [(s, True) for s in CI_SUBSET]
