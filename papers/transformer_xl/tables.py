@@ -2,15 +2,18 @@
 
 Our cells come from run records (`results/transformer_xl/runs/<profile>/<experiment>.<stage>.json`); a cell
 whose run has not been made says "not run". The tiny profile trains small models for seconds on Python's own
-documentation: its numbers show that the pipeline runs and whether orderings appear, never the paper's values.
+documentation: its numbers show that the pipeline runs and whether orderings appear, never the paper's values. The
+small profile trains the ablation / RECL models 4x longer over three seeds and decides the pre-registered claims of
+`configs/transformer_xl/small/claims.yaml` (`claims_small.md`, by `repro.claims`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
-from repro.tables import Cell, Results, Table, bench_provenance, paper_cell
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
 
 PAPER = "transformer_xl"
 
@@ -82,7 +85,12 @@ TINY_ABLATION = [
      "vanilla Transformer (Al-Rfou et al.) + half loss"),
 ]
 
-PROFILES = ("tiny", "paper")
+PROFILES = ("tiny", "small", "paper")
+CLAIMS_SMALL = Path("configs/transformer_xl/small/claims.yaml")
+# `repro runs` names an unseeded spec's experiment without a `.seed` suffix; it runs with the CLI's default seed
+# (repro/cli.py SEED). The small profile's unseeded runs are the ones txl_recl and txl_generate read, and the
+# claims call them seed 1111.
+DEFAULT_SEED = 1111
 
 
 def _ours(results: Results, experiment: str, key: str, fmt: str) -> list[Cell]:
@@ -90,7 +98,7 @@ def _ours(results: Results, experiment: str, key: str, fmt: str) -> list[Cell]:
 
 
 def _params(results: Results, experiment: str) -> Cell:
-    for p in ("paper", "tiny"):
+    for p in ("paper", "small", "tiny"):
         rec = results.get(p, experiment, "test") or results.get(p, experiment, "fit")
         if rec:
             return Cell(f"{rec['provenance']['parameters'] / 1e6:.2f}M ({p})", "ours")
@@ -105,7 +113,7 @@ TINY_NOTE = ("Tiny profile: models of 0.9–1.6M parameters trained for 400 step
 
 PROTOCOL_NOTE = ("Our test numbers use each experiment's evaluation config (`*.eval.yaml`: Transformer-XL's "
                  "protocol, longer memory, clamped distances, same_length; tiny: memory 256, clamp 128, segments "
-                 "of 32), on the test split, with the reference's streams: the tail that does not fill the 10 "
+                 "of 32; small: memory 128, segments of 32), on the test split, with the reference's streams: the tail that does not fill the 10 "
                  "evaluation streams is not scored.")
 
 
@@ -121,7 +129,8 @@ def table1(results: Results) -> Table:
         rows.append([label, f"{PAPER_PARAMS[exp] / 1e6:.0f}M", _params(results, exp),
                      paper_cell(TABLE1_WT103[exp]), *_ours(results, exp, "test/ppl", "{:.2f}")])
     return Table("table1_wt103", "Table 1 — WikiText-103, test perplexity",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-word)", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-word)", "ours: small (embedded-word)",
+                  "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE,
                         "Parameters: the large model's official script (18 layers) builds 285.2M parameters, not "
                         "the 257M the paper reports; see papers/transformer_xl/README.md."])
@@ -132,12 +141,12 @@ def table2(results: Results) -> Table:
     for exp, label, params in [("enwik8_12l", "Transformer-XL 12L", "41M"), ("enwik8_18l", "Transformer-XL 18L", "88M"),
                                ("enwik8_24l", "Transformer-XL 24L", "277M")]:
         ours = _ours(results, exp, "test/bpc", "{:.3f}") if exp != "enwik8_18l" else \
-            [Cell("no config: no official script or published settings")] * 2
+            [Cell("no config: no official script or published settings")] * len(PROFILES)
         rows.append([label, params, _params(results, exp) if exp != "enwik8_18l" else Cell("—"),
                      paper_cell(TABLE2_ENWIK8[exp]), *ours])
     rows += _baseline_rows(TABLE2_BASELINES)
     return Table("table2_enwik8", "Table 2 — enwik8, test bits per character",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-char)", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-char)", "ours: small", "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE])
 
 
@@ -146,8 +155,31 @@ def table3(results: Results) -> Table:
              *_ours(results, "text8_24l", "test/bpc", "{:.3f}")]]
     rows += _baseline_rows(TABLE3_BASELINES)
     return Table("table3_text8", "Table 3 — text8, test bits per character",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-text8)", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-text8)", "ours: small", "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE])
+
+
+def seed_records(results: Results, profile: str, experiment: str, stage: str, seeds) -> list[dict]:
+    """The records of `experiment` for each seed found (seed DEFAULT_SEED: the unseeded run)."""
+    out = []
+    for s in seeds:
+        rec = results.get(profile, experiment if s == DEFAULT_SEED else f"{experiment}.seed{s}", stage)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def _seed_cell(results: Results, profile: str, experiment: str, stage: str, key: str) -> Cell:
+    """Mean ± sample standard deviation over the seeds of the small profile (one value: the value)."""
+    recs = [r for r in seed_records(results, profile, experiment, stage, (DEFAULT_SEED, *range(1, 10)))
+            if key in r.get("metrics", {})]
+    vals = [float(r["metrics"][key]) for r in recs]
+    if not vals:
+        return Cell("not run", "ours")
+    if len(vals) == 1:
+        return Cell(vals[0], "ours", provenance(recs[0]), "{:.2f}")
+    return Cell(f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f} (n={len(vals)})", "ours",
+                provenance(recs[0]) + f"; and {len(vals) - 1} more seeds")
 
 
 def ablation(results: Results) -> Table:
@@ -157,24 +189,47 @@ def ablation(results: Results) -> Table:
         cell = results.metric("tiny", exp, "fit", "val/ppl")
         ours.append((label, cell.value if isinstance(cell.value, float) else None))
         init, best, attn = paper_rows[paper_label]
-        rows.append([label, cell, Cell(paper_label), paper_cell(init), paper_cell(best), Cell(str(attn))])
+        rows.append([label, cell, _seed_cell(results, "small", exp, "fit", "val/ppl"), Cell(paper_label),
+                     paper_cell(init), paper_cell(best), Cell(str(attn))])
     values = [v for _, v in ours]
-    notes = ["Ours: validation perplexity on `embedded-word` after 400 steps, each model at its training attention "
-             "length (segments of 64 tokens; with recurrence, 64 more of memory). One seed each: a difference of "
-             "a few percent (here between the absolute and the vanilla rows) is within what another seed could "
-             "change; the gap between the relative and the absolute rows is not.",
+    notes = ["Ours: validation perplexity on `embedded-word`, each model at its training attention length "
+             "(segments of 64 tokens; with recurrence, 64 more of memory). Tiny: 400 steps, one seed each: a "
+             "difference of a few percent (here between the absolute and the vanilla rows) is within what another "
+             "seed could change; the gap between the relative and the absolute rows is not. Small: 1,600 steps "
+             "with dropout 0.1, mean ± sample standard deviation over seeds (the vanilla model once); its "
+             "orderings are decided in `claims_small.md`.",
              "Paper: WikiText-103, 128M-parameter models, backprop length 128 (PPL at the training attention "
              "length / at the best one, and that length)."]
     if all(v is not None for v in values):
         holds = all(a < b for a, b in zip(values, values[1:]))
         order = " < ".join(f"{label} ({v:.2f})" for label, v in ours)
         notes.insert(0, f"**The paper's ordering (recurrence + relative < no recurrence + relative < absolute < "
-                        f"vanilla) {'holds' if holds else 'does not hold'} at this scale**: {order}.")
+                        f"vanilla) {'holds' if holds else 'does not hold'} at the tiny scale**: {order}.")
     else:
-        notes.insert(0, "The ordering cannot be judged until all four tiny runs have been made.")
-    return Table("ablation", "Ablation (Table 6) — recurrence and relative positions, tiny profile",
-                 ["ours (tiny)", "valid PPL (ours)", "paper row", "paper PPL init", "paper PPL best",
-                  "paper attn len"], rows, notes)
+        notes.insert(0, "The tiny ordering cannot be judged until all four tiny runs have been made.")
+    return Table("ablation", "Ablation (Table 6) — recurrence and relative positions, tiny and small profiles",
+                 ["ours", "valid PPL (ours: tiny)", "valid PPL (ours: small)", "paper row", "paper PPL init",
+                  "paper PPL best", "paper attn len"], rows, notes)
+
+
+def claim_values(results: Results, profile: str):
+    """`repro.claims` values for this paper's claims: the records of each seed, seed DEFAULT_SEED being the
+    unseeded run (the one the RECL and generation stages read)."""
+    def values(claim) -> tuple[list[float], list[float]]:
+        def arm(exp: str) -> list[float]:
+            return [float(r["metrics"][claim.metric])
+                    for r in seed_records(results, profile, exp, claim.stage, claim.seeds)
+                    if claim.metric in r.get("metrics", {})]
+        return arm(claim.a), arm(claim.b)
+    return values
+
+
+def claims_table(results: Results) -> Table:
+    from repro import claims
+
+    found = claims.verdicts(results, "small", CLAIMS_SMALL, values=claim_values(results, "small"))
+    return claims.table("claims_small", "Transformer-XL — pre-registered claims of the small profile", found,
+                        profile="small")
 
 
 def _slowdown_rows(results: Results) -> list[dict]:
@@ -206,7 +261,7 @@ def table9(results: Results) -> Table:
              "The ratio grows with the attention length in both; absolute values depend on model size and "
              "hardware (the paper's models ran on GPUs/TPUs; the tiny profile times a 4-layer model on 2 CPU cores)."]
     return Table("table9_slowdown", "Table 9 — evaluation slowdown of the vanilla model",
-                 ["attention length", "paper", "ours: tiny", "ours: paper profile"], rows, notes)
+                 ["attention length", "paper", "ours: tiny", "ours: small", "ours: paper profile"], rows, notes)
 
 
 def plot_table9(results: Results, out: Path) -> Path | None:
@@ -268,7 +323,7 @@ def table4(results: Results, described: list[dict]) -> Table:
     rows = []
     for exp, label in [("lm1b_base", "Transformer-XL base"), ("lm1b_large", "Transformer-XL large")]:
         rows.append([label, f"{PAPER_PARAMS[exp] / 1e9:.2f}B", _described(described, exp),
-                     paper_cell(TABLE4_LM1B[exp]), Cell("no stand-in (see note)"),
+                     paper_cell(TABLE4_LM1B[exp]), Cell("no stand-in (see note)"), Cell("no stand-in (see note)"),
                      results.metric("paper", exp, "test", "test/ppl")])
     notes = [
         "Data (`lm1b` corpus): the statmt.org r13 tarball, the benchmark's vocabulary file (`1b_word_vocab.txt`, "
@@ -286,7 +341,8 @@ def table4(results: Results, described: list[dict]) -> Table:
         "the WikiText-103 stand-in. `not run`: the paper profile needs the 4 GB corpus and many GPUs.",
     ]
     return Table("table4_lm1b", "Table 4 — One Billion Word, test perplexity",
-                 ["model", "params (paper)", "params (ours, describe)", "paper", "ours: tiny", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours, describe)", "paper", "ours: tiny", "ours: small",
+                  "ours: paper profile"],
                  rows, notes)
 
 
@@ -304,7 +360,8 @@ PTB_REGULARISATION = (
 
 def table5(results: Results, described: list[dict]) -> Table:
     rows = [["Transformer-XL", "24M", _described(described, "ptb"), paper_cell(TABLE5_PTB["ptb"]),
-             results.metric("tiny", "ptb", "test", "test/ppl"), results.metric("paper", "ptb", "test", "test/ppl")]]
+             results.metric("tiny", "ptb", "test", "test/ppl"), results.metric("small", "ptb", "test", "test/ppl"),
+             results.metric("paper", "ptb", "test", "test/ppl")]]
     notes = [PTB_REGULARISATION,
              "Data (`ptb` corpus): Mikolov's simple-examples.tgz, `data/ptb.{train,valid,test}.txt`, lower-cased, "
              "`<eos>` after every line, vocabulary counted on all three splits as the reference does (10,000 "
@@ -313,7 +370,7 @@ def table5(results: Results, described: list[dict]) -> Table:
              "softmax and ordinary dropout 0.1, 300 steps, evaluated with memory 280 and same_length, on `embedded-word` (Python's documentation, 0.33M training tokens, a third of PTB's "
              "size); it shows the pipeline, not the paper's number."]
     return Table("table5_ptb", "Table 5 — Penn Treebank (word level), test perplexity",
-                 ["model", "params (paper)", "params (ours, describe)", "paper", "ours: tiny stand-in",
+                 ["model", "params (paper)", "params (ours, describe)", "paper", "ours: tiny stand-in", "ours: small",
                   "ours: paper profile"], rows, notes)
 
 
@@ -350,55 +407,64 @@ def _ordering(entries: list[dict]) -> str:
 
 
 def table8(results: Results) -> Table:
-    result = _recl_result(results, "tiny")
     paper = dict(TABLE8)
     rows = [[label, *(Cell(str(v), "paper") for v in vals), "—", "—", "—", "—", "—"] for label, vals in TABLE8]
-    ours = {}
-    if result is not None:
-        cs = result["contexts"]
-        for name, label, paper_row in TINY_RECL:
-            m = result["models"].get(name)
-            if m is None:
-                continue
-            cells = [_recl_cell(result, name, r) for r in RECL_RATIOS]
-            ours[name] = [result["recl"][r][name] for r in RECL_RATIOS]
-            ppl = [Cell(math.exp(m["mean_loss"][str(c)]), "ours", fmt="{:.1f}") for c in (cs[0], cs[-1])]
-            rows.append([f"ours (tiny): {label} — stands for \"{paper_row}\"",
-                         *(Cell(str(v), "paper") for v in paper[paper_row]), *cells, *ppl])
     notes = ["RECL (Appendix C): for each group, the baseline at length c is the best model's per-token loss; a "
              "model's relative gain from c to the next length c' counts only improvements over that baseline on "
              "the top-r fraction of tokens the baseline finds hardest, as a relative perplexity reduction; the "
              "RECL is the first c whose gain falls below 0.01. `≥` marks a model still gaining at the longest "
              "length tried. Paper: WikiText-103, 128M/151M models; its RECLs are multiples of 100 except the "
              "Transformer's 128, its attention length. Groups share one baseline, so RECLs compare only within "
-             "a group: ours is one tiny group, not comparable in value with the paper's."]
-    if result is not None and len(ours) == len(TINY_RECL):
-        names = [n for n, _, _ in TINY_RECL]
-        verdicts = []
-        for k, r in enumerate(RECL_RATIOS):
-            entries = [ours[n][k] for n in names]
-            verdicts.append(f"r = {r}: {' / '.join(_recl_text(e) for e in entries)} — {_ordering(entries)}")
-        notes.insert(0, "**The paper's ordering (recurrence + relative > no recurrence > absolute Transformer) at "
-                        "the tiny scale**: " + "; ".join(verdicts) + ".")
-        notes.append(f"Ours: tiny models trained for 400 steps on `embedded-word` with segments of 64 (the "
-                     f"recurrent one with 64 of memory), measured on {result['split']} ({result['tokens']:,} "
-                     f"tokens) at attention lengths {result['contexts']}. The recurrent model is offered each length "
-                     "as its evaluation memory (same_length: every query sees exactly c positions); the models "
-                     "without recurrence as a sliding window of c tokens (blocks of c/8 tokens share a window). "
-                     "The last two columns are the test perplexity at the shortest and the longest length.")
-        notes.append("Reading the tiny numbers: these models barely use context beyond a few dozen tokens (the "
-                     "recurrent model's perplexity moves by 1.5% from 16 to 256 tokens), so every gain is near the "
-                     "threshold and the RECLs are noisy. The definition counts a token only where a model beats "
-                     "the group's baseline (min(b, l)); a model whose per-token losses scatter widely around the "
-                     "baseline collects such wins even when it gets worse on average: the absolute-position model "
-                     "beyond its training length (64) is the case here, its mean loss rises with the length while "
-                     "its RECL is censored at the longest length. This is the paper's definition applied as "
-                     "written, not a sign that it uses long context.")
-    else:
-        notes.insert(0, "Ours: not run (`repro recl`, see papers/transformer_xl/README.md).")
+             "a group: ours are one group per profile (tiny; small: the seed-1111 models), not comparable in "
+             "value with the paper's."]
+    for profile, steps in (("tiny", "400 steps"), ("small", "1,600 steps (dropout 0.1)")):
+        result = _recl_result(results, profile)
+        ours = {}
+        if result is not None:
+            cs = result["contexts"]
+            for name, label, paper_row in TINY_RECL:
+                m = result["models"].get(name)
+                if m is None:
+                    continue
+                cells = [_recl_cell(result, name, r) for r in RECL_RATIOS]
+                ours[name] = [result["recl"][r][name] for r in RECL_RATIOS]
+                ppl = [Cell(math.exp(m["mean_loss"][str(c)]), "ours", fmt="{:.1f}") for c in (cs[0], cs[-1])]
+                rows.append([f"ours ({profile}): {label.replace('tiny ', profile + ' ')} — stands for \"{paper_row}\"",
+                             *(Cell(str(v), "paper") for v in paper[paper_row]), *cells, *ppl])
+        if result is not None and len(ours) == len(TINY_RECL):
+            names = [n for n, _, _ in TINY_RECL]
+            verdicts = []
+            for k, r in enumerate(RECL_RATIOS):
+                entries = [ours[n][k] for n in names]
+                verdicts.append(f"r = {r}: {' / '.join(_recl_text(e) for e in entries)} — {_ordering(entries)}")
+            notes.insert(len(notes) - 1 if profile == "small" else 0,
+                         f"**The paper's ordering (recurrence + relative > no recurrence > absolute Transformer) at "
+                         f"the {profile} scale** (one group, one seed): " + "; ".join(verdicts) + ".")
+            notes.append(f"Ours ({profile}): models trained for {steps} on `embedded-word` with segments of 64 (the "
+                         f"recurrent one with 64 of memory), measured on {result['split']} ({result['tokens']:,} "
+                         f"tokens) at attention lengths {result['contexts']}. The recurrent model is offered each "
+                         "length as its evaluation memory (same_length: every query sees exactly c positions); the "
+                         "models without recurrence as a sliding window of c tokens (blocks of c/8 tokens share a "
+                         "window). The last two columns are the test perplexity at the shortest and the longest "
+                         "length." + (" Over seeds, the small profile decides the ordering of the test loss at "
+                                      "attention length 128 (`claims_small.md`)." if profile == "small" else ""))
+            if profile == "tiny":
+                notes.append(TINY_RECL_READING)
+        else:
+            notes.append(f"Ours ({profile}): not run (`repro recl`, see papers/transformer_xl/README.md).")
     return Table("table8_recl", "Table 8 — relative effective context length (RECL)",
                  ["model", "paper r=0.1", "paper r=0.5", "paper r=1.0", "ours r=0.1", "ours r=0.5", "ours r=1.0",
                   "ours ppl (shortest c)", "ours ppl (longest c)"], rows, notes)
+
+
+TINY_RECL_READING = (
+    "Reading the tiny numbers: these models barely use context beyond a few dozen tokens (the recurrent model's "
+    "perplexity moves by 1.5% from 16 to 256 tokens), so every gain is near the threshold and the RECLs are noisy. "
+    "The definition counts a token only where a model beats the group's baseline (min(b, l)); a model whose "
+    "per-token losses scatter widely around the baseline collects such wins even when it gets worse on average: "
+    "the absolute-position model beyond its training length (64) is the case here, its mean loss rises with the "
+    "length while its RECL is censored at the longest length. This is the paper's definition applied as written, "
+    "not a sign that it uses long context.")
 
 
 def plot_context(results: Results, out: Path) -> Path | None:
@@ -418,7 +484,7 @@ def build(results: Results) -> list[Table]:
     described = describe_configs(paper_cfgs)
     tables = [table1(results), table2(results), table3(results), table4(results, described),
               table5(results, described), ablation(results), table8(results), table9(results),
-              params_table(described)]
+              params_table(described), claims_table(results)]
     plot_table9(results, results.root / PAPER / "table9_slowdown.png")
     plot_context(results, results.root / PAPER / "table8_context.png")
     return tables
