@@ -14,6 +14,10 @@
   at most one every two minutes) — the configs turn the progress bar off (it floods the logs of background jobs);
   `StepProgressBar`: Lightning's bar counting steps of `max_steps` (it reads `Epoch 0/-2` for step-bounded runs),
   used when a run turns the bar on.
+- `MmapCheckpointIO`: Lightning's checkpoint I/O (every run's `plugins`), except that a local checkpoint is loaded
+  memory-mapped: a test of the 841M-parameter One Billion Word model read its 10 GB checkpoint (weights and Adam's
+  moments) into memory beside the trained model and peaked at 23.5 GB of this machine's 24; mapped, only the
+  pages read (the weights) come into memory.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
 def last_path(checkpoint: str | os.PathLike) -> Path:
@@ -237,3 +242,20 @@ def step_progress_bar(name: str):
             pass  # the bar spans the run, not an epoch
 
     return StepProgressBar()
+
+
+
+class MmapCheckpointIO(TorchCheckpointIO):
+    """`TorchCheckpointIO` whose `load_checkpoint` maps a local file (`torch.load(mmap=True)`) instead of reading it."""
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        import torch
+
+        if not Path(path).is_file():  # remote (fsspec) paths and missing files: Lightning's own handling
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        try:
+            return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=True)
+        except RuntimeError as err:  # a legacy (non-zip) file cannot be mapped
+            if "mmap" not in str(err):
+                raise
+            return torch.load(path, map_location=map_location, weights_only=weights_only)

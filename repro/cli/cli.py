@@ -28,7 +28,15 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-from repro.callbacks import CurveRecorder, LastCheckpoint, ProgressLine, Provenance, last_path, step_progress_bar
+from repro.callbacks import (
+    CurveRecorder,
+    LastCheckpoint,
+    MmapCheckpointIO,
+    ProgressLine,
+    Provenance,
+    last_path,
+    step_progress_bar,
+)
 from repro.tracking import hardware, tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -212,6 +220,8 @@ class ReproCLI(LightningCLI):
                                            every_minutes=float(run.get("last_every_minutes") or 0),
                                            resume_hint=self._resume_command(last)))
         kwargs["callbacks"] = ours
+        if not cfg.get("trainer", {}).get("plugins"):
+            kwargs["plugins"] = [MmapCheckpointIO()]  # see repro.callbacks: checkpoints are mapped, not read
         if not cfg.get("trainer", {}).get("default_root_dir"):
             # A user's ModelCheckpoint without a dirpath writes under the logger's folder, which for MLflow is
             # `<default_root_dir>/<experiment id>/<run id>/checkpoints`: beside the run's checkpoint, not in the

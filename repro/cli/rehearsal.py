@@ -49,12 +49,19 @@ def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]
     the config's data module (`configs/rehearsal/<DataModule>.yaml`), when there is one."""
     import yaml
 
-    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    config = Path(config)
+    cfg = yaml.safe_load(config.read_text()) or {}
     data_cls = str(((cfg.get("data") or {}).get("class_path") or "")).rsplit(".", 1)[-1]
     out = ["-c", str(root / REHEARSAL_CONFIGS / "trainer.yaml")]
     per_data = root / REHEARSAL_CONFIGS / f"{data_cls}.yaml"
     if data_cls and per_data.exists():
         out += ["-c", str(per_data)]
+    # a sliding-window evaluation (every token scored from the window that ends at it) costs one forward pass of
+    # the window per token: one evaluation batch exercises it (MGK's paper model spent 5 minutes on three)
+    evals = [cfg, *(yaml.safe_load(p.read_text()) or {} for p in [config.with_suffix(".eval.yaml")] if p.exists())]
+    if any(((c.get("model") or {}).get("init_args") or {}).get("eval_protocol", {}).get("kind") == "sliding"
+           for c in evals):
+        out += ["-c", str(root / REHEARSAL_CONFIGS / "sliding.yaml")]
     return out
 
 
