@@ -103,3 +103,36 @@ def test_claims_are_decided_from_seed_records(tmp_path):
     assert "0.300 ± 0.004 (n = 3)" in left  # ∞-former at 128: mean ± sd over the three seeds
     md = tables.claims_small(results).markdown()
     assert "holds" in md and "test/acc drop" in md
+
+
+def test_answers_are_scored_apart_from_questions():
+    from repro.metrics.text import scores_by_act
+
+    preds = ["Oslo.", "where is the key?", "attic.", "hello."]
+    refs = ["Oslo", "where is the key", "cellar", "hello"]
+    out = scores_by_act(preds, refs, ["answer_early", "question", "answer_late", None], with_meteor=False)
+    assert out["f1_answer"] == 50.0 and out["responses_answer"] == 2.0  # answer_early and answer_late together
+    assert out["f1_answer_early"] == 100.0 and out["f1_answer_late"] == 0.0 and out["f1_question"] == 100.0
+    assert not any(k.endswith("_None") or k.endswith("_") for k in out)  # unmarked responses (CMU-DoG) left out
+
+
+def test_generated_dialogue_answers_need_the_document(tmp_path):
+    """The early fact opens the document, the late fact closes it, the answers are the values alone, every
+    conversation has its own document, and the acts line up with the reader's utterances."""
+    from repro.text import dialogue_synthetic as T
+    from repro.text.dialogue import read_cmu_dog
+
+    root = T.generate_tiny_dog(tmp_path / "set", conversations={"train": 6, "valid": 2, "test": 3}, seed=1)
+    convs = read_cmu_dog(root, "test")
+    acts = T.utterance_acts(root, "test")
+    assert len(convs) == 3 and len({c.document for c in convs}) == 3
+    for conv in convs:
+        kinds = [acts[(conv.name, i)] for i in range(len(conv.utterances))]
+        assert kinds[:2] == ["greeting", "greeting"] and sorted(kinds[2:]) == sorted(
+            ["question", "question", "answer_early", "answer_late"])
+        early = conv.utterances[kinds.index("answer_early")].rstrip(".")
+        late = conv.utterances[kinds.index("answer_late")].rstrip(".")
+        assert early in T.CITIES and late in T.PLACES
+        lines = conv.document.splitlines()
+        assert early in lines[1] and late in lines[-1]  # first fact after the title; last sentence of the document
+        assert all(early not in line and late not in line for line in lines[2:-1])  # the filler says nothing

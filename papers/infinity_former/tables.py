@@ -259,7 +259,12 @@ PAPER_TABLE2 = {"nodoc": (19.43, 7.82, 12.18, 10.17, 6.10), "gpt2": (18.53, 8.64
 # ours, Σ NLL / scored tokens (repro.metrics.text.ConversationNLL, repro.metrics.lm.TokenNLL)
 DIALOGUE_METRICS = [("test/ppl_official", "PPL"), ("test/ppl", "per-token PPL"), ("test/f1", "F1"),
                     ("test/rouge1", "ROUGE-1"), ("test/rougeL", "ROUGE-L"), ("test/meteor", "METEOR"),
-                    ("test/rouge1_recall", "ROUGE-1 recall"), ("test/rougeL_recall", "ROUGE-L recall")]
+                    ("test/rouge1_recall", "ROUGE-1 recall"), ("test/rougeL_recall", "ROUGE-L recall"),
+                    # the generated sets (tiny, small) mark each utterance's dialogue act: answers scored apart from
+                    # the template questions (repro/text/dialogue_synthetic.py); CMU-DoG has no such marks
+                    ("test/f1_answer", "F1 (answers)"), ("test/rougeL_answer", "ROUGE-L (answers)"),
+                    ("test/meteor_answer", "METEOR (answers)"), ("test/f1_answer_early", "F1 (early-fact answers)"),
+                    ("test/f1_answer_late", "F1 (late-fact answers)"), ("test/f1_question", "F1 (questions)")]
 N_SCORED = 6  # the columns the claims check: the two perplexities (lower is better), F1, ROUGE-1/L, METEOR
 PAPER_TABLE1_TEXT = ("Paper (§4.2): the ∞-former improves perplexity on both WikiText-103 and PG-19, more on PG-19; "
                      "the compressive memory improves only slightly, on PG-19.")
@@ -306,7 +311,8 @@ def table2(results: Results) -> Table:
     rows, tiny = [], {}
     for key, label in DIALOGUE_MODELS:
         ppl, *scores = PAPER_TABLE2[key]
-        rows.append([label, "paper", paper_cell(ppl), "—", *(paper_cell(v) for v in scores), "—", "—"])
+        rows.append([label, "paper", paper_cell(ppl), "—", *(paper_cell(v) for v in scores),
+                     *("—" for _ in DIALOGUE_METRICS[len(scores) + 2:])])
         for profile in ("paper", "small", "tiny"):
             cells = [_metric(results, profile, f"gpt2_dog_{key}", m) for m, _ in DIALOGUE_METRICS]
             if profile == "tiny":
@@ -316,13 +322,19 @@ def table2(results: Results) -> Table:
     def claim(name: str, i: int, a: str, b: str, lower: bool) -> str:
         return f"{name} {_better(tiny[a][i], tiny[b][i], lower=lower)}"
 
-    checks = []
+    checks, answer_checks = [], []
+    answers = [i for i, (m, _) in enumerate(DIALOGUE_METRICS) if m.endswith("_answer")]
     for a, b in (("gpt2", "nodoc"), ("compressive", "gpt2"), ("inftyformer", "gpt2"), ("inftyformer", "compressive"),
                  ("inftyformer_sticky", "inftyformer")):
         parts = [claim(n, i, a, b, lower=(i < 2)) for i, (_, n) in enumerate(DIALOGUE_METRICS[:N_SCORED])]
         checks.append(f"{dict(DIALOGUE_MODELS)[a]} better than {dict(DIALOGUE_MODELS)[b]}: " + ", ".join(parts))
+        parts = [claim(DIALOGUE_METRICS[i][1], i, a, b, lower=False) for i in answers]
+        answer_checks.append(f"{dict(DIALOGUE_MODELS)[a]} better than {dict(DIALOGUE_MODELS)[b]}: "
+                             + ", ".join(parts))
     notes = [PAPER_TABLE2_TEXT,
-             "**tiny** (one seed each, one sample per response; no spread measured) — " + "; ".join(checks) + ".",
+             "**tiny** (one seed each, one sample per response; no spread measured) — all responses: "
+             + "; ".join(checks) + ". Answers only (the turns that need the document): " + "; ".join(answer_checks)
+             + ".",
              "Paper rows: Martins et al. 2022, Table 2 (ACL 2022 version). Protocol of the official "
              "`document_grounded_generation/eval.py` (README \"Evaluation protocol (Table 2)\"): PPL = its "
              "average, each conversation's mean NLL over the response tokens weighted by all the conversation's "
@@ -336,10 +348,15 @@ def table2(results: Results) -> Table:
              "of its ROUGE call, "
              "so the quantity behind the paper's ROUGE columns is the recall of the generated response against the "
              "reference: we report that recall in the last two columns and the F-measure under ROUGE-1/ROUGE-L.",
-             "Tiny: the project's generated grounded-dialogue set (documents of facts, questions about facts from "
-             "early in the document), a 2-layer random GPT-2 of width 64, pieces of 64 tokens, the paper profile's "
-             "protocol except the context (each response after the utterances before it); the generated "
-             "responses are in `results/infinity_former/generations/tiny/`."]
+             "Tiny and small: the project's generated grounded-dialogue set (`repro/text/dialogue_synthetic.py`): each "
+             "conversation asks for an early fact of its document (out of the 64-token window when asked) and a late "
+             "one (inside it); the answers are the values alone, scored apart from the template questions (the "
+             "`(answers)` / `(questions)` columns; per fact: early / late). A 2-layer random GPT-2 of width 64, "
+             "pieces of 64 tokens, one update per conversation; the paper profile's protocol except the context "
+             "(each response after the utterances before it), responses ending at a speaker token (≤ 10 tokens) "
+             "and token types kept while sampling. Tiny: 400 conversations, one seed; small: 3,000 conversations, "
+             "mean ± sd over seeds (claims decided in `claims_small.md`). The generated responses are in "
+             "`results/infinity_former/generations/<profile>/` (small: the last seed's)."]
     return Table("table2", "Document-grounded dialogue, CMU-DoG (Table 2)",
                  ["model", "source", *(n for _, n in DIALOGUE_METRICS)], rows, notes)
 

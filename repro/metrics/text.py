@@ -365,3 +365,25 @@ def corpus_scores(predictions: Sequence[str], references: Sequence[str], *,
         if with_meteor:
             sums["meteor"] += meteor(p, r, tokens=meteor_tokens)
     return {k: 100.0 * v / len(predictions) for k, v in sums.items()}
+
+
+def scores_by_act(predictions: Sequence[str], references: Sequence[str], acts: Sequence[str | None], *,
+                  with_meteor: bool = True, meteor_tokens: str = "split") -> dict[str, float]:
+    """`corpus_scores` of the responses of each dialogue act, as `<metric>_<act>` (and `responses_<act>`), for sets
+    whose utterances are marked (the generated dialogue set, `repro.text.dialogue_synthetic`): the answers that need the
+    document are scored apart from template questions a model predicts without it. An act `x_y` also counts
+    towards `x` (`answer_early` and `answer_late` → `answer`); responses without an act (CMU-DoG) are left out."""
+    if not (len(predictions) == len(references) == len(acts)):
+        raise ValueError(f"{len(predictions)} predictions, {len(references)} references, {len(acts)} acts")
+    groups: dict[str, list[int]] = {}
+    for i, act in enumerate(acts):
+        if act:
+            for name in dict.fromkeys((act.split("_")[0], act)):
+                groups.setdefault(name, []).append(i)
+    out: dict[str, float] = {}
+    for name, idx in sorted(groups.items()):
+        scores = corpus_scores([predictions[i] for i in idx], [references[i] for i in idx],
+                               with_meteor=with_meteor, meteor_tokens=meteor_tokens)
+        out.update({f"{k}_{name}": v for k, v in scores.items()})
+        out[f"responses_{name}"] = float(len(idx))
+    return out
