@@ -136,3 +136,12 @@ def test_generated_dialogue_answers_need_the_document(tmp_path):
         lines = conv.document.splitlines()
         assert early in lines[1] and late in lines[-1]  # first fact after the title; last sentence of the document
         assert all(early not in line and late not in line for line in lines[2:-1])  # the filler says nothing
+
+
+def test_generated_dialogue_refuses_another_format(tmp_path):
+    import pytest
+
+    from repro.text import dialogue_synthetic as T
+
+    with pytest.raises(ValueError, match="format 1 is not this generator's"):
+        T.generate_tiny_dog(tmp_path, format=1)
