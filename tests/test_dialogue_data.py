@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from repro.generate_text import SamplingSettings, nucleus_mask, sample_response, sample_token
+from repro.text import cmudog, dialogue_tiny
 from repro.text import dialogue as D
 from repro.text.tokenizer import TextTokenizer, TokenizerSpec, train_bpe
 
@@ -47,7 +48,7 @@ def _write(root, *, conv_key="wikiDocumentIdx", doc_key="wikiDocumentIdx"):
     (root / "WikiData").mkdir(parents=True)
     (root / "WikiData" / "Jaws.json").write_text(json.dumps(_doc(2, doc_key)))
     (root / "WikiData" / "Frozen.json").write_text(json.dumps(_doc(0, doc_key, name="Frozen")))
-    for split in D.SPLITS:
+    for split in cmudog.SPLITS:
         (root / "Conversations" / split).mkdir(parents=True)
         (root / "Conversations" / split / "00a8fb.json").write_text(json.dumps(_conv(2, conv_key)))
         (root / "Conversations" / split / "01b9ff.json").write_text(json.dumps(_conv(0, conv_key)))
@@ -56,7 +57,7 @@ def _write(root, *, conv_key="wikiDocumentIdx", doc_key="wikiDocumentIdx"):
 
 @pytest.mark.parametrize("conv_key, doc_key", [("wikiDocumentIdx", "wikiDocumentIdx"), ("docLinkIdx", "index")])
 def test_cmu_dog_loader_reads_both_index_spellings(tmp_path, conv_key, doc_key):
-    convs = D.read_cmu_dog(_write(tmp_path, conv_key=conv_key, doc_key=doc_key), "test")
+    convs = cmudog.read_cmu_dog(_write(tmp_path, conv_key=conv_key, doc_key=doc_key), "test")
     assert [c.name for c in convs] == ["00a8fb", "01b9ff"]
     c = convs[0]
     assert c.document.splitlines()[:4] == ["movieName: Jaws", "year: 1975", "director: Steven Spielberg",
@@ -73,22 +74,22 @@ def test_cmu_dog_loader_reads_both_index_spellings(tmp_path, conv_key, doc_key):
 
 def test_cmu_dog_loader_errors(tmp_path):
     with pytest.raises(ValueError, match="WikiData"):
-        D.read_cmu_dog(tmp_path, "train")
+        cmudog.read_cmu_dog(tmp_path, "train")
     root = _write(tmp_path / "a")
     bad = _conv(2)
     del bad["wikiDocumentIdx"]
     (root / "Conversations" / "train" / "02.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="no document index .*docLinkIdx"):
-        D.read_cmu_dog(root, "train")
+        cmudog.read_cmu_dog(root, "train")
     (root / "Conversations" / "train" / "02.json").write_text(json.dumps(_conv(7)))
     with pytest.raises(ValueError, match="document 7"):
-        D.read_cmu_dog(root, "train")
+        cmudog.read_cmu_dog(root, "train")
     with pytest.raises(ValueError, match="split is one of"):
-        D.read_cmu_dog(root, "dev")
+        cmudog.read_cmu_dog(root, "dev")
 
 
 def test_official_layout_and_losses(tmp_path, tok):
-    conv = D.read_cmu_dog(_write(tmp_path), "valid")[0]
+    conv = cmudog.read_cmu_dog(_write(tmp_path), "valid")[0]
     enc = D.encode_conversation(conv, tok)
     doc, eos, s1, s2 = (tok.id(t) for t in ("<doc>", "<eos>", "<speaker1>", "<speaker2>"))
     body = tok.encode(conv.document)
@@ -112,7 +113,7 @@ def test_pieces_cut_from_the_end_and_targets_across_cuts(tmp_path, tok):
     assert D.pieces_from_end(10, 4) == [(0, 2), (2, 6), (6, 10)]
     assert D.pieces_from_end(10, 4, last=3) == [(0, 3), (3, 7), (7, 10)]
     assert D.pieces_from_end(4, 4) == [(0, 4)]
-    conv = D.read_cmu_dog(_write(tmp_path), "train")[0]
+    conv = cmudog.read_cmu_dog(_write(tmp_path), "train")[0]
     enc = D.encode_conversation(conv, tok)
     for train in (True, False):
         chunks = D.conversation_chunks(enc, 16, train=train)
@@ -129,7 +130,7 @@ def test_pieces_cut_from_the_end_and_targets_across_cuts(tmp_path, tok):
 
 
 def test_response_examples_need_two_previous_utterances(tmp_path, tok):
-    convs = D.read_cmu_dog(_write(tmp_path), "test")
+    convs = cmudog.read_cmu_dog(_write(tmp_path), "test")
     encs = [D.encode_conversation(c, tok) for c in convs]
     ex = D.response_examples(convs, encs, min_history=2)
     assert [(e.conversation, e.turn) for e in ex] == [("00a8fb", 2), ("00a8fb", 3), ("01b9ff", 2), ("01b9ff", 3)]
@@ -143,7 +144,7 @@ def test_response_examples_need_two_previous_utterances(tmp_path, tok):
 def test_official_response_context_is_the_aliased_whole_conversation(tmp_path, tok):
     """The official `build_input_from_segments_` keeps extending one list: every response of a conversation gets
     the document, the first speaker token and the words of all utterances but the last."""
-    convs = D.read_cmu_dog(_write(tmp_path), "test")
+    convs = cmudog.read_cmu_dog(_write(tmp_path), "test")
     encs = [D.encode_conversation(c, tok) for c in convs]
     ex = D.response_examples(convs, encs, min_history=3, context="official")
     assert [(e.conversation, e.turn) for e in ex] == [("00a8fb", 3), ("01b9ff", 3)]  # ≥ 3 previous utterances
@@ -161,11 +162,11 @@ def test_official_response_context_is_the_aliased_whole_conversation(tmp_path, t
 
 
 def test_tiny_set_is_cmu_dog_layout_and_grounded(tmp_path):
-    root = D.generate_tiny_dog(tmp_path, n_docs=3, conversations={"train": 4, "valid": 2, "test": 2}, seed=1)
-    again = D.generate_tiny_dog(tmp_path / "again", n_docs=3, conversations={"train": 4, "valid": 2, "test": 2},
+    root = dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=3, conversations={"train": 4, "valid": 2, "test": 2}, seed=1)
+    again = dialogue_tiny.generate_tiny_dog(tmp_path / "again", n_docs=3, conversations={"train": 4, "valid": 2, "test": 2},
                                 seed=1)
     assert (root / "WikiData" / "village_00.json").read_text() == (again / "WikiData" / "village_00.json").read_text()
-    convs = D.read_cmu_dog(root, "train")
+    convs = cmudog.read_cmu_dog(root, "train")
     assert len(convs) == 4
     for c in convs:
         facts = c.document.splitlines()[-3]  # section "1" (sections 1-3 are the last three lines): the facts
@@ -177,7 +178,7 @@ def test_tiny_set_is_cmu_dog_layout_and_grounded(tmp_path):
 
 
 def test_pieces_split_across_ranks(tmp_path, tok):
-    convs = D.read_cmu_dog(D.generate_tiny_dog(tmp_path, n_docs=2, conversations={"train": 5, "valid": 3,
+    convs = cmudog.read_cmu_dog(dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=2, conversations={"train": 5, "valid": 3,
                                                                                     "test": 3}), "valid")
     encs = [D.encode_conversation(c, tok) for c in convs]
     one = list(D.DialogueChunks(encs, 32, train=False))
@@ -278,7 +279,7 @@ def test_two_builders_of_the_tiny_set_at_once_leave_one_complete_set(tmp_path):
     """Workers of one `repro runs` group may ask for the generated set together: the lock makes one build it."""
     import threading
 
-    from repro.text.dialogue import tiny_dog_root
+    from repro.text.dialogue_tiny import tiny_dog_root
 
     settings = {"n_docs": 3, "conversations": {"train": 4, "valid": 2, "test": 2}}
     roots, errors = [], []

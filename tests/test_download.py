@@ -486,13 +486,13 @@ def test_published_checksums_are_well_formed_and_say_where_they_come_from():
 
 def test_readme_lists_every_downloaded_file_with_its_checksum_source():
     from repro.data import lra
-    from repro.text import dialogue, streams
+    from repro.text import cmudog, streams
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
     names = [*sources.PUBLISHED, "1b_word_vocab.txt", "simple-examples.tgz", streams.WT103_RAW_URLS[0].rsplit("/")[-1],
              lra.LRA_RELEASE_URL.rsplit("/")[-1], lra.IMDB_URL.rsplit("/")[-1], lra.CIFAR10_URL.rsplit("/")[-1],
-             f"{dialogue.CMU_DOG_COMMIT[:12]}"]
+             f"{cmudog.CMU_DOG_COMMIT[:12]}"]
     for name in names:
         assert name in section, name
     pinned = [p.sha256 for p in sources.PUBLISHED.values()]

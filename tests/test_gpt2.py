@@ -19,6 +19,7 @@ from papers.infinity_former.gpt2 import (
     MemoryHook,
     build_layer_memory,
 )
+from repro.text import cmudog, dialogue_tiny
 from repro.text import dialogue as D
 from repro.text.tokenizer import TextTokenizer, TokenizerSpec, train_bpe
 
@@ -338,9 +339,9 @@ def test_reconstruction_loss_trains_only_the_compression_and_the_lm_loss_the_bia
 # ------------------------------------------------------------------------------------------- Lightning
 @pytest.fixture(scope="module")
 def dog(tmp_path_factory):
-    root = D.generate_tiny_dog(tmp_path_factory.mktemp("dog"), n_docs=2, people=2, filler=2, questions=2,
+    root = dialogue_tiny.generate_tiny_dog(tmp_path_factory.mktemp("dog"), n_docs=2, people=2, filler=2, questions=2,
                                conversations={"train": 4, "valid": 1, "test": 2}, seed=0)
-    texts = [c.document + " " + " ".join(c.utterances) for c in D.read_cmu_dog(root, "train")]
+    texts = [c.document + " " + " ".join(c.utterances) for c in cmudog.read_cmu_dog(root, "train")]
     tok = TextTokenizer(train_bpe(texts * 3, 320), TokenizerSpec(vocab_size=320))
     return root, tok
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from repro.text import dialogue as D
+from repro.text import cmudog, dialogue_tiny
 from repro.text.tokenizer import train_bpe
 
 # The deterministic ∞-former: sticky memories draw their sample points from each process's global generator (as
@@ -23,9 +23,9 @@ def _cli(args, cwd):
 
 
 def test_two_ddp_processes_finetune_and_evaluate_like_one(root, tmp_path):
-    data = D.generate_tiny_dog(tmp_path / "dog", n_docs=2, people=2, filler=2, questions=2,
+    data = dialogue_tiny.generate_tiny_dog(tmp_path / "dog", n_docs=2, people=2, filler=2, questions=2,
                                conversations={"train": 4, "valid": 3, "test": 1}, seed=0)
-    texts = [c.document + " " + " ".join(c.utterances) for c in D.read_cmu_dog(data, "train")]
+    texts = [c.document + " " + " ".join(c.utterances) for c in cmudog.read_cmu_dog(data, "train")]
     train_bpe(texts * 3, 320).save(str(tmp_path / "tok.json"))
     small = ["--data.init_args.root", str(data), "--data.init_args.tokenizer",
              f"{{kind: file, name: {tmp_path / 'tok.json'}}}", "--data.init_args.block_size", "32",

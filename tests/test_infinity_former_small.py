@@ -120,7 +120,7 @@ def test_generated_dialogue_answers_need_the_document(tmp_path):
     """The early fact opens the document, the late fact closes it, the answers are the values alone, every
     conversation has its own document, and the acts line up with the reader's utterances."""
     from repro.text import dialogue_synthetic as T
-    from repro.text.dialogue import read_cmu_dog
+    from repro.text.cmudog import read_cmu_dog
 
     root = T.generate_tiny_dog(tmp_path / "set", conversations={"train": 6, "valid": 2, "test": 3}, seed=1)
     convs = read_cmu_dog(root, "test")

@@ -148,7 +148,7 @@ def test_lra_tasks(data, mirror):
 
 
 def test_cmu_dog(data, mirror):
-    from repro.text.dialogue import cmu_dog_root, read_cmu_dog
+    from repro.text.cmudog import cmu_dog_root, read_cmu_dog
 
     info = mirror[2]["cmu_dog"]
     root = cmu_dog_root()

@@ -341,7 +341,7 @@ def _build_ptb(root: Path, words: _Words, info: dict) -> None:
 
 
 def _build_cmu_dog(root: Path, words: _Words, info: dict) -> None:
-    from repro.text.dialogue import CMU_DOG_COMMIT, CMU_DOG_URL
+    from repro.text.cmudog import CMU_DOG_COMMIT, CMU_DOG_URL
 
     top = f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"
     members: dict[str, bytes] = {f"{top}/": b"", f"{top}/README.md": b"# CMU Document Grounded Conversations\n"}

@@ -1,43 +1,27 @@
-"""Document-grounded dialogue: the CMU-DoG loader, the tiny generated set, and the official input layout.
+"""Document-grounded dialogue as ordered pieces: the official input layout, chunking, response contexts, the data module.
 
-CMU-DoG (github festvox/datasets-CMU_DoG; PAPERS.md §2) is two folders:
-
-- `Conversations/{train,valid,test}/<sha1>.json`: `history` (a list of `{text, uid, docIdx, utcTimestamp}`, uid
-  `user1` / `user2`), `whoSawDoc`, `rating`, ... and the index of the movie's document. The repository's files name
-  that index `wikiDocumentIdx` since its "fix format" commit (73d7587); its first commit (3711ccc) named it
-  `docLinkIdx` in the conversations and `index` in the documents, and copies of the data made from it still do.
-  Both spellings are read; a file with neither is an error.
-- `WikiData/<movie>.json`: sections `"0"` (a dict: cast, critical_response, director, genre, introduction,
-  movieName, rating, year) and `"1"`-`"3"` (scene descriptions, strings), plus the index.
+The data come from `repro.text.cmudog` (the reader of CMU-DoG, github festvox/datasets-CMU_DoG; PAPERS.md §2) or
+from a generated set in the same layout (`repro.text.dialogue_tiny`), both read into `Conversation`s by
+`read_cmu_dog`.
 
 A conversation becomes, as in the official scripts (deep-spin/infinite-former `document_grounded_generation`),
 one token sequence: `<doc>` + the document (all four sections) + `<eos>`, then every utterance preceded by its
 speaker token. "The document is given only before the dialogue starts": nothing of it is repeated later, so a
 model sees it only through what it remembers once the conversation has moved past the 512-token window. The
 sequence is cut into 512-token pieces fed in order (cut from the end, as the official `DoGDataset`, so the last
-piece is full and the first one short); a model's memory is reset at the start of each conversation.
-
-Choices the official preprocessing does not fix (its conversion from the JSON files is not in the repository):
-- section "0" is written as `key: value` lines (lists joined with "; ") in the order movieName, year, director,
-  genre, cast, introduction, rating, critical_response; sections 1-3 follow, one per line;
-- consecutive messages of the same user are joined into one utterance (so speaker tokens alternate), and the
-  speaker token follows the user (`user1` → <speaker1>, `user2` → <speaker2>), where the official scripts
-  alternated <speaker2>/<speaker1> by position;
-- empty messages are dropped.
+piece is full and the first one short); a model's memory is reset at the start of each conversation. The speaker
+token follows the user (`user1` → <speaker1>, `user2` → <speaker2>), where the official scripts alternated
+<speaker2>/<speaker1> by position (the reader's other choices: `repro.text.cmudog`).
 
 Losses, as the official scripts: training predicts every token of the sequence (document included); evaluation
 (perplexity) scores the utterance tokens only, never the document or a speaker token. Unlike the official
 pieces, which are scored inside each piece only (the first token of every piece is never predicted), a piece's
 first target here is predicted from the piece before (targets are the inputs shifted by one across the cut), so
 every token is predicted exactly once.
-
-The tiny profile's set (`generate_tiny_dog`) is written in the CMU-DoG layout itself and read by the same loader.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,177 +31,11 @@ from typing import Any, NamedTuple
 import lightning as L
 import torch
 
+from repro.text.cmudog import SPLITS, Conversation, cmu_dog_root, read_cmu_dog
+from repro.text.dialogue_tiny import tiny_dog_root
 from repro.text.tokenizer import TokenizerSpec, load_tokenizer, vocab_size
 
 IGNORE = -100  # target of a position that is not scored
-SPLITS = ("train", "valid", "test")
-DOC_INDEX_KEYS = ("wikiDocumentIdx", "docLinkIdx")  # conversations: current name, first-commit name
-WIKI_INDEX_KEYS = ("wikiDocumentIdx", "index")  # documents: current name, first-commit name
-SECTION0_ORDER = ("movieName", "year", "director", "genre", "cast", "introduction", "rating", "critical_response")
-
-
-@dataclass
-class Conversation:
-    name: str
-    document: str
-    utterances: list[str]
-    speakers: list[int]  # 1 or 2, per utterance
-
-
-# ------------------------------------------------------------------------------------------------- CMU-DoG
-def _index(obj: dict, keys: Sequence[str], where: Path) -> int:
-    for k in keys:
-        if k in obj:
-            return int(obj[k])
-    raise ValueError(f"{where} has no document index (looked for {', '.join(keys)}): is this a CMU-DoG file?")
-
-
-def document_text(doc: dict[str, Any], where: Path | str = "document") -> str:
-    """The four sections of a CMU-DoG WikiData document as text (see the module docstring)."""
-    missing = [s for s in "0123" if s not in doc]
-    if missing:
-        raise ValueError(f"{where} lacks section(s) {missing}: a CMU-DoG document has sections '0'-'3'")
-    intro = doc["0"]
-    if not isinstance(intro, dict):
-        raise ValueError(f"{where}: section '0' must be a dict (cast, director, ...), got {type(intro).__name__}")
-    lines = []
-    for key in [*SECTION0_ORDER, *sorted(set(intro) - set(SECTION0_ORDER))]:
-        if key in intro and intro[key] not in (None, "", []):
-            value = intro[key]
-            value = "; ".join(str(v) for v in value) if isinstance(value, list) else str(value)
-            lines.append(f"{key}: {value}")
-    lines += [str(doc[s]).strip() for s in "123" if str(doc[s]).strip()]
-    return "\n".join(lines)
-
-
-def read_documents(root: Path) -> dict[int, str]:
-    folder = root / "WikiData"
-    if not folder.is_dir():
-        raise ValueError(f"{folder} does not exist: point data.root at a CMU-DoG checkout "
-                         "(git clone https://github.com/festvox/datasets-CMU_DoG)")
-    docs = {}
-    for path in sorted(folder.glob("*.json")):
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        docs[_index(doc, WIKI_INDEX_KEYS, path)] = document_text(doc, path)
-    if not docs:
-        raise ValueError(f"no WikiData/*.json documents in {root}")
-    return docs
-
-
-def merge_turns(history: list[dict]) -> tuple[list[str], list[int]]:
-    """Utterances (consecutive messages of one user joined) and their speakers (1 = user1, 2 = user2)."""
-    utts: list[str] = []
-    spk: list[int] = []
-    for h in history:
-        text = " ".join(str(h.get("text", "")).split())
-        if not text:
-            continue
-        uid = h.get("uid")
-        if uid not in ("user1", "user2"):
-            raise ValueError(f"unknown speaker uid {uid!r} (CMU-DoG uses 'user1' / 'user2')")
-        s = 1 if uid == "user1" else 2
-        if spk and spk[-1] == s:
-            utts[-1] += " " + text
-        else:
-            utts.append(text)
-            spk.append(s)
-    return utts, spk
-
-
-def read_cmu_dog(root: str | os.PathLike, split: str) -> list[Conversation]:
-    """The conversations of one split, in file-name order, each with its document."""
-    if split not in SPLITS:
-        raise ValueError(f"split is one of {SPLITS}, got {split!r}")
-    root = Path(root)
-    docs = read_documents(root)
-    folder = root / "Conversations" / split
-    if not folder.is_dir():
-        raise ValueError(f"{folder} does not exist: a CMU-DoG checkout has Conversations/{{train,valid,test}}")
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        conv = json.loads(path.read_text(encoding="utf-8"))
-        idx = _index(conv, DOC_INDEX_KEYS, path)
-        if idx not in docs:
-            raise ValueError(f"{path} refers to document {idx}, which no WikiData file has (have {sorted(docs)})")
-        utts, spk = merge_turns(conv.get("history", []))
-        out.append(Conversation(path.stem, docs[idx], utts, spk))
-    if not out:
-        raise ValueError(f"no conversations in {folder}")
-    return out
-
-
-# -------------------------------------------------------------------------------------------- the tiny set
-_NAMES = ["Alma", "Boris", "Cleo", "Dario", "Edith", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lukas",
-          "Mona", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wim", "Yara", "Zeno"]
-_FACTS = {  # attribute: (values, statement template, question template)
-    "city": (["Lisbon", "Oslo", "Quito", "Dakar", "Hanoi", "Lima", "Perth", "Cairo", "Turin", "Kyoto"],
-             "{n} lives in {v}.", "where does {n} live?"),
-    "pet": (["a parrot", "a turtle", "a ferret", "a goat", "a rabbit", "a hamster", "a pony", "a gecko"],
-            "{n} keeps {v}.", "what pet does {n} keep?"),
-    "job": (["a baker", "a pilot", "a nurse", "a judge", "a potter", "a sailor", "a farmer", "a tailor"],
-            "{n} works as {v}.", "what does {n} do for work?"),
-    "food": (["plums", "noodles", "olives", "lentils", "figs", "dumplings", "oysters", "pears"],
-             "{n} likes to eat {v}.", "what does {n} like to eat?"),
-    "color": (["amber", "teal", "crimson", "violet", "ochre", "indigo", "olive", "silver"],
-              "{n} paints the door {v}.", "what colour is the door of {n}?"),
-}
-_FILLER = ["The weather was mild that year.", "Nothing else happened in the village.", "The market opened at dawn.",
-           "A long road crossed the hills.", "The river was calm in summer.", "People talked about the harvest."]
-
-
-def generate_tiny_dog(root: str | os.PathLike, *, n_docs: int = 12, conversations: dict[str, int] | None = None,
-                      people: int = 6, filler: int = 10, questions: int = 4, seed: int = 0) -> Path:
-    """Write a small grounded-dialogue set in the CMU-DoG layout under `root`.
-
-    Each document lists facts about `people` people (one line per fact, section "1"), followed by `filler`
-    sentences that say nothing about them (sections "2"-"3"), so the facts sit early in a long document. Each
-    conversation asks `questions` questions about facts of its document and answers them word for word
-    ("where does Alma live?" / "Alma lives in Oslo."). The answers are predictable only from the document: a model
-    that keeps the document in memory after the window has moved into the dialogue can predict them, one that
-    does not can only guess among the values. Deterministic given `seed`. Returns `root`."""
-    from repro.io import atomic_write_json
-
-    rng = random.Random(seed)
-    root = Path(root)
-    counts = conversations or {"train": 160, "valid": 16, "test": 16}
-    docs = []
-    for d in range(n_docs):
-        names = rng.sample(_NAMES, people)
-        facts = []
-        for n in names:
-            for attr, (values, statement, question) in _FACTS.items():
-                facts.append((n, attr, rng.choice(values)))
-        rng.shuffle(facts)
-        fill = [rng.choice(_FILLER) for _ in range(filler)]
-        doc = {
-            "0": {"movieName": f"Village {d}", "year": str(1900 + d), "director": rng.choice(_NAMES),
-                  "genre": "chronicle", "cast": names, "introduction": f"A chronicle of village {d}.",
-                  "rating": [], "critical_response": []},
-            "1": " ".join(_FACTS[a][1].format(n=n, v=v) for n, a, v in facts),
-            "2": " ".join(fill[: filler // 2]),
-            "3": " ".join(fill[filler // 2 :]),
-            "wikiDocumentIdx": d,
-        }
-        docs.append((doc, facts))
-        atomic_write_json(root / "WikiData" / f"village_{d:02d}.json", doc)
-    k = 0
-    for split in SPLITS:
-        for i in range(counts[split]):
-            d = rng.randrange(n_docs)
-            doc, facts = docs[d]
-            history = [{"text": "hi! did you read about the village?", "uid": "user1", "docIdx": 0},
-                       {"text": "yes, I did.", "uid": "user2", "docIdx": 0}]
-            for n, a, v in rng.sample(facts, questions):
-                history.append({"text": _FACTS[a][2].format(n=n), "uid": "user1", "docIdx": 1})
-                history.append({"text": _FACTS[a][1].format(n=n, v=v), "uid": "user2", "docIdx": 1})
-            for h in history:
-                h["utcTimestamp"] = "2018-03-01T00:00:00.000Z"
-            conv = {"date": "2018-03-01T00:00:00.000Z", "history": history, "rating": 3, "status": 1,
-                    "whoSawDoc": ["user2"], "user1_id": f"USR{k:04d}", "user2_id": f"USR{k + 1:04d}",
-                    "wikiDocumentIdx": d}
-            atomic_write_json(root / "Conversations" / split / f"{k:06d}.json", conv)
-            k += 1
-    return root
 
 
 # --------------------------------------------------------------------------------------------- sequences
@@ -424,60 +242,6 @@ class DialogueChunks:
         self.epoch, self._start = state["epoch"], state["consumed"]
 
 
-# ----------------------------------------------------------------------------------------- sources on disk
-CMU_DOG_COMMIT = "618a14f27546165859305649aa84e6ac8710bb63"  # festvox/datasets-CMU_DoG, newest commit read
-CMU_DOG_URL = f"https://github.com/festvox/datasets-CMU_DoG/archive/{CMU_DOG_COMMIT}.zip"
-# No checksum is published for this archive (GitHub generates it on request and does not promise the same bytes
-# over time): trusted on first use, its sha256 recorded beside it. The commit pins the content.
-
-
-def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
-    """`<data>/raw/cmu_dog/datasets-CMU_DoG-<commit>`: downloaded (checksum recorded at the first download) and
-    unpacked once; a checkout placed there by hand is used as is."""
-    import shutil
-    import zipfile
-
-    from repro.data.corpora import data_dir
-    from repro.data.download import download
-
-    from repro.io import file_lock
-
-    base = data_dir(data_root) / "raw" / "cmu_dog"
-    root = base / f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"
-    if (root / "WikiData").is_dir() and (root / "Conversations").is_dir():
-        return root
-    with file_lock(base / ".lock"):
-        if not ((root / "WikiData").is_dir() and (root / "Conversations").is_dir()):
-            archive = download(CMU_DOG_URL, base / f"{CMU_DOG_COMMIT}.zip", sha256=None, record_sha256=True)
-            tmp = base / ".unpacking"
-            shutil.rmtree(tmp, ignore_errors=True)
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(tmp)
-            os.replace(tmp / root.name, root)
-            shutil.rmtree(tmp, ignore_errors=True)
-    return root
-
-
-def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Path:
-    """The generated tiny set, built once per settings under `<data>/cache/tiny_dog-<digest>`."""
-    import hashlib
-    import shutil
-
-    from repro.data.corpora import data_dir
-    from repro.io import atomic_write_json, file_lock
-
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    root = data_dir(data_root) / "cache" / f"tiny_dog-{key}"
-    if (root / "complete.json").exists():
-        return root
-    with file_lock(root.with_name(root.name + ".lock")):  # workers of one `repro runs` may arrive together
-        if not (root / "complete.json").exists():
-            shutil.rmtree(root, ignore_errors=True)  # an interrupted build
-            generate_tiny_dog(root, **settings)
-            atomic_write_json(root / "complete.json", settings)  # written last: marks a complete set
-    return root
-
-
 class DialogueDataModule(L.LightningDataModule):
     """CMU-DoG (`source: cmu_dog`, paper) or the generated set (`source: tiny`) as ordered 512-token pieces.
 
@@ -493,7 +257,7 @@ class DialogueDataModule(L.LightningDataModule):
             (the context the official `eval.py` built for every response; see `response_examples`).
         max_responses: generation: score only the first N responses of the test split (None: all).
         root: a CMU-DoG checkout (default: downloaded under `<data>/raw/cmu_dog`).
-        tiny: settings of `generate_tiny_dog`.
+        tiny: settings of `repro.text.dialogue_tiny.generate_tiny_dog`.
         seed: conversation order of training.
     """
 

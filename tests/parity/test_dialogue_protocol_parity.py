@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from repro.metrics import text as T
+from repro.text import cmudog
 from repro.text import dialogue as D
 from tests.parity.common import HERE, TOLERANCE, load_fixture
 
@@ -78,7 +79,7 @@ def responses():
         doc, *utts = _split(t[f"input.conversation.{i}"], t[f"input.conversation_lengths.{i}"])
         # the official alternates <speaker2>/<speaker1> by position; ours follows the user: give the users so
         speakers = [2 if k % 2 == 0 else 1 for k in range(len(utts))]
-        conv = D.Conversation(str(i), " ".join(map(str, doc)), [" ".join(map(str, u)) for u in utts], speakers)
+        conv = cmudog.Conversation(str(i), " ".join(map(str, doc)), [" ".join(map(str, u)) for u in utts], speakers)
         convs.append(conv)
         encs.append(D.encode_conversation(conv, tok))
     official = {name: _split(t[f"output.{name}"], t[f"output.{name}_lengths"])
