@@ -11,14 +11,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from papers.infinity_former.gpt2 import (
-    GPT2MemoryLM,
-    GPT2Settings,
-    GPT2WithMemory,
-    LayerMemory,
-    MemoryHook,
-    build_layer_memory,
-)
+from papers.infinity_former.adapters import build_layer_memory
+from papers.infinity_former.gpt2 import GPT2MemoryLM, GPT2Settings, GPT2WithMemory
+from papers.infinity_former.hooks import LayerMemory, MemoryHook
 from repro.text import cmudog, dialogue_tiny
 from repro.text import dialogue as D
 from repro.text.tokenizer import TextTokenizer, TokenizerSpec, train_bpe
@@ -505,7 +500,7 @@ def test_memory_stores_ln1_of_the_block_input_as_the_dialogue_code(monkeypatch):
     """`stores: ln_1` (official document_grounded_generation `Block.mem = self.ln_1(hidden_states.detach())`): the
     LTM absorbs ln_1 of the detached block input, and ln_1's parameters learn through the memory; `block_input`
     (official finetune_gpt2) absorbs the block input itself."""
-    from papers.infinity_former.gpt2 import LTMLayerMemory
+    from papers.infinity_former.adapters import LTMLayerMemory
 
     seen = []
     update = LTMLayerMemory.update

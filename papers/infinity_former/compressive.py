@@ -250,7 +250,7 @@ def reconstruction_error(q_BHTE: torch.Tensor, keys_values, old_BOD: torch.Tenso
     `q_BHTE`: the layer's queries, already scaled and detached; `keys_values(m_BND) -> (k_BHNE, v_BHNE)`: the
     layer's key and value projections with detached weights, so that the gradient reaches f_c (through `new_BCD`)
     only. Content attention softmax(q·kᵀ)·v per head in float32, no mask, no positional terms, no output projection.
-    Used by `CompressiveTransformer` and by the compressive GPT-2 memory (`gpt2.CompressiveLayerMemory`)."""
+    Used by `CompressiveTransformer` and by the compressive GPT-2 memory (`adapters.CompressiveLayerMemory`)."""
 
     def attend_to(m_BND):
         k, v = keys_values(m_BND)

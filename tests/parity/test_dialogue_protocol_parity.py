@@ -136,18 +136,18 @@ class _TableModel:
 
 
 def _respond(r, example, **settings):
-    from papers.infinity_former.gpt2 import GenerationSettings, GPT2MemoryLM
+    from papers.infinity_former.dialogue_generation import GenerationSettings, respond
 
     g = GenerationSettings(max_tokens=r.meta["max_length"], **settings)
     model = _TableModel(r.t["input.next_token_words"], r.special, r.t["input.next_token_special"])
     stub = SimpleNamespace(generation=g, device=torch.device("cpu"), model=model)
     special = set(r.special.values())
     speakers = {r.special["<speaker1>"], r.special["<speaker2>"]}
-    # the sets `GPT2MemoryLM._generate_and_score` builds
+    # the sets `dialogue_generation.generate_and_score` builds
     stop = special if g.stop_at_speaker else special - speakers
-    out = GPT2MemoryLM.respond(stub, example.context, example.context_types, stop=stop, banned=special,
-                               generator=torch.Generator().manual_seed(0), block=r.meta["max_len"],
-                               responder_type=example.context_types[-1])
+    out = respond(stub, example.context, example.context_types, stop=stop, banned=special,
+                  generator=torch.Generator().manual_seed(0), block=r.meta["max_len"],
+                  responder_type=example.context_types[-1])
     return out, model.typed
 
 
