@@ -129,7 +129,8 @@ def generate_and_score(lm) -> None:
 
     import torch.distributed as dist
 
-    from repro.metrics.text import corpus_scores, wordnet
+    from repro.metrics.text import corpus_scores, scores_by_act, wordnet
+    from repro.text.dialogue_synthetic import utterance_acts
 
     dm = lm.trainer.datamodule
     if not hasattr(dm, "response_examples"):
@@ -162,6 +163,14 @@ def generate_and_score(lm) -> None:
     lm.generated = rows
     scores = corpus_scores([r["prediction"] for r in rows], [r["reference"] for r in rows],
                            with_meteor=g.meteor, meteor_tokens=g.meteor_tokens)
+    # a set whose utterances carry their dialogue act (the generated one) is also scored per act: the answers
+    # that need the document apart from the templates (`test/<metric>_answer`, ..._answer_early, ...)
+    acts = utterance_acts(dm.data_root(), "test")
+    if acts:
+        for r in rows:
+            r["act"] = acts.get((r["conversation"], r["turn"]))
+        scores.update(scores_by_act([r["prediction"] for r in rows], [r["reference"] for r in rows],
+                                    [r["act"] for r in rows], with_meteor=g.meteor, meteor_tokens=g.meteor_tokens))
     for name, value in scores.items():
         lm.log(f"test/{name}", float(value), sync_dist=False)
     lm.log("test/responses", float(len(rows)), sync_dist=False)

@@ -95,7 +95,9 @@ def generate_tiny_dog(root: str | os.PathLike, *, n_docs: int = 12, conversation
 
 
 def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Path:
-    """The generated tiny set, built once per settings under `<data>/cache/tiny_dog-<digest>`."""
+    """The generated set the settings name, built once per settings under `<data>/cache/tiny_dog-<digest>`:
+    `format: 2` the set of `repro.text.dialogue_synthetic` (answers that need the document, marked by act; the
+    tiny and small configs), otherwise this module's first set."""
     import hashlib
     import shutil
 
@@ -109,6 +111,11 @@ def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Pat
     with file_lock(root.with_name(root.name + ".lock")):  # workers of one `repro runs` may arrive together
         if not (root / "complete.json").exists():
             shutil.rmtree(root, ignore_errors=True)  # an interrupted build
-            generate_tiny_dog(root, **settings)
+            if settings.get("format", 1) == 2:
+                from repro.text.dialogue_synthetic import generate_tiny_dog as generate_synthetic
+
+                generate_synthetic(root, **settings)
+            else:
+                generate_tiny_dog(root, **{k: v for k, v in settings.items() if k != "format"})
             atomic_write_json(root / "complete.json", settings)  # written last: marks a complete set
     return root
