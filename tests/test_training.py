@@ -218,3 +218,17 @@ def test_run_callbacks_join_the_configured_ones(root, tmp_path, monkeypatch):
         assert name in seen["names"], (name, seen["names"])
     # a user's ModelCheckpoint without a dirpath writes beside the run's checkpoint, not in the working directory
     assert seen["root"] == str(tmp_path / "ck")
+
+
+def test_prepare_of_a_profile_folder_skips_the_claims_file(root, tmp_path, monkeypatch):
+    """`repro prepare configs/<paper>/small` (the data stage of the small profile) reads the experiment configs of
+    the folder, not its pre-registered claims.yaml (which is no Lightning config)."""
+    import json
+
+    monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
+    folder = tmp_path / "cfgs"
+    folder.mkdir()
+    (folder / "claims.yaml").write_text((root / "configs/lamemo/small/claims.yaml").read_text())
+    manifest = tmp_path / "data.json"
+    main(["prepare", str(folder), "--manifest", str(manifest)])
+    assert json.loads(manifest.read_text()) == {} or "claims" not in manifest.read_text()

@@ -60,7 +60,9 @@ def _prepare(args) -> None:
     paths = []
     for item in args.config:
         p = Path(item)
-        paths += sorted(str(x) for x in p.glob("*.yaml") if ".eval." not in x.name) if p.is_dir() else [item]
+        # a folder's experiment configs: not the evaluation overrides, not the pre-registered claims (repro.claims)
+        paths += sorted(str(x) for x in p.glob("*.yaml") if ".eval." not in x.name and x.name != "claims.yaml") \
+            if p.is_dir() else [item]
     built = {}
     rehearsal = getattr(args, "rehearsal", "false") == "true"
     for path in paths:
