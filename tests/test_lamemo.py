@@ -325,6 +325,25 @@ def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
     assert b["val/loss"] == pytest.approx(a["val/loss"], rel=1e-5)
 
 
+def test_ddp_fit_takes_steps_although_the_first_segment_leaves_the_refresh_unused(root, tmp_path):
+    """The rehearsal's 2-process fit of the paper's enwik8 LaMemo stopped at step 1: with the memory still empty
+    the look-ahead refresh uses none of its parameters, and plain DDP refuses a step that leaves parameters
+    without gradients. LaMemoLM asks for DDP's search for unused parameters (the official code's apex DDP
+    tolerates them)."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["fit", "-c", TINY, "--run.tracking", "none", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+            "--trainer.strategy", "ddp", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+            "--trainer.val_check_interval", "3", "--run.record", str(tmp_path / "fit.json")]
+    done = subprocess.run([sys.executable, "-m", "repro", *args], cwd=root, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = json.loads((tmp_path / "fit.json").read_text())
+    assert rec["provenance"]["devices"] == 2 and rec["provenance"]["steps"] == 3
+
+
 # ------------------------------------------------------------------------------------------------------ configs
 def test_paper_configs_match_the_base_models_in_size(root, monkeypatch):
     """The LaMemo paper trains Transformer-XL's base models with look-ahead memory: 151M (WikiText-103) and 41M

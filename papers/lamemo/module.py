@@ -15,13 +15,23 @@ from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerc
 
 
 class LaMemoLM(SegmentLM):
-    """Args:
+    """LaMemo's LightningModule.
+
+    On the first segment of a stream the memory is empty and the look-ahead refresh of the memory uses none of its
+    parameters, so under DDP (`--trainer.strategy ddp`) the step would leave them without gradients:
+    `ddp_find_unused_parameters` makes `repro fit` use Lightning's `ddp_find_unused_parameters_true` (the official
+    `train_ddp.py` wraps the model in apex's `DistributedDataParallel(delay_allreduce=True)`, which reduces every
+    gradient after the backward pass and so tolerates unused parameters).
+
+    Args:
         model: the backbone (`TransformerXLConfig`, relative attention); `n_token` comes from the data.
         lamemo: look-ahead on/off and the variant (`LaMemoConfig`).
         memory: training memory; eval_memory: memory, clamp and same_length for validation and test.
         optim: Adam, warm-up and cosine schedule (the reference: 2.5e-4, cosine, clip 0.25).
         eval_protocol: `memory` (the carried memory; LaMemo has no key/value shortcut).
     """
+
+    ddp_find_unused_parameters = True
 
     def __init__(
         self,

@@ -220,6 +220,11 @@ class ReproCLI(LightningCLI):
                                            every_minutes=float(run.get("last_every_minutes") or 0),
                                            resume_hint=self._resume_command(last)))
         kwargs["callbacks"] = ours
+        strategy = self._get(self.config_init, "trainer", default={}).get("strategy")
+        if strategy == "ddp" and getattr(self.model, "ddp_find_unused_parameters", False):
+            # a model some of whose parameters a step may leave unused (LaMemo's memory refresh, on the first
+            # segment, when the memory is still empty): DDP must look for them, or its reduction waits forever
+            kwargs["strategy"] = "ddp_find_unused_parameters_true"
         if not cfg.get("trainer", {}).get("plugins"):
             kwargs["plugins"] = [MmapCheckpointIO()]  # see repro.callbacks: checkpoints are mapped, not read
         if not cfg.get("trainer", {}).get("default_root_dir"):
