@@ -49,8 +49,20 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
 
 def test_every_rehearsal_override_names_a_data_module_of_the_paper_configs():
     used = {yaml.safe_load(Path(ROOT, c).read_text())["data"]["class_path"].rsplit(".", 1)[-1] for c in PAPER_CONFIGS}
-    files = {p.stem for p in (ROOT / REHEARSAL_CONFIGS).glob("*.yaml")} - {"trainer"}
+    files = {p.stem for p in (ROOT / REHEARSAL_CONFIGS).glob("*.yaml")} - {"trainer", "sliding"}
     assert files <= used, f"override files for no config's data module: {files - used}"
+
+
+def test_sliding_window_evaluations_get_their_own_caps(monkeypatch):
+    """MGK's WikiText-103 test and the vanilla model's validation and test slide a window per token: the rehearsal
+    gives them one evaluation batch (sliding.yaml); memory models keep the trainer's few batches."""
+    from repro.cli.rehearsal import config_overrides
+
+    monkeypatch.chdir(ROOT)
+    sliding = str(REHEARSAL_CONFIGS / "sliding.yaml")
+    assert sliding in config_overrides("configs/mgk/paper/wt103_mgk4.yaml")  # through its .eval.yaml
+    assert sliding in config_overrides("configs/transformer_xl/paper/ablation_vanilla.yaml")
+    assert sliding not in config_overrides("configs/transformer_xl/paper/wt103_base.yaml")
 
 
 def test_runs_compose_the_rehearsal_after_each_config(monkeypatch):
