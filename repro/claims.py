@@ -73,6 +73,8 @@ class Verdict:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def text(self) -> str:
+        if not self.a and not self.b:
+            return "not run"
         n = min(len(self.a), len(self.b))
         return self.verdict if self.verdict != "not decided" else f"not decided at {n} seed{'s' if n != 1 else ''}"
 
@@ -127,7 +129,8 @@ def decide(claim: Claim, a: list[float], b: list[float], *, confidence: float = 
     """The claim's verdict from the values of its two arms (one value per seed)."""
     v = Verdict(claim, list(a), list(b))
     if len(a) < 2 or len(b) < 2:
-        v.reason = f"{len(a)} and {len(b)} seeds: no spread to decide with"
+        v.reason = ("no run of either model yet" if not a and not b
+                    else f"{len(a)} and {len(b)} seeds: no spread to decide with")
         return v
     diff, low, high = welch_interval(a, b, confidence=confidence)
     sign = -1.0 if claim.lower_is_better else 1.0  # orient: positive = a better

@@ -37,9 +37,10 @@ def test_noninferior_margin():
     assert decide(c, [110.0, 110.2, 109.9], [100.0, 100.1, 99.9]).verdict == "reversed"
 
 
-def test_single_seed_is_not_decided():
+def test_single_seed_is_not_decided_and_no_run_says_so():
     v = decide(claim(seeds=(1,)), [1.0], [2.0])
-    assert v.verdict == "not decided" and "no spread" in v.reason
+    assert v.verdict == "not decided" and "no spread" in v.reason and v.text() == "not decided at 1 seed"
+    assert decide(claim(), [], []).text() == "not run"
 
 
 def test_claims_file_errors(tmp_path):

@@ -1,6 +1,6 @@
 """The ∞-former's small profile (issue 14): `configs/infinity_former/small/claims.yaml` loads and names experiments
 and seeds that params.small.yaml's run lists train (a drop claim also needs the same model at the shortest length);
-the tables build when no small record exists ("not run", "not decided at 0 seeds"); and the claims are decided from
+the tables build when no small record exists ("not run"); and the claims are decided from
 seed records written as `repro runs` writes them (`<exp>.seed<N>`), the accuracy drop computed per seed.
 """
 
@@ -69,7 +69,7 @@ def test_tables_build_without_small_records(tmp_path):
 
     built = {t.name: t for t in tables.build(Results("infinity_former", root=tmp_path))}
     md = built["claims_small"].markdown()
-    assert "not decided at 0 seeds" in md and "holds" not in md
+    assert "not run" in md and "holds" not in md
     assert "| ∞-former | small | not run | not run | not run |" in built["fig3_left"].markdown()
     assert (tmp_path / "infinity_former" / "fig3_left_small.png").exists()
     assert (tmp_path / "infinity_former" / "fig3_right_small.png").exists()
