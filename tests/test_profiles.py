@@ -1,8 +1,8 @@
-"""repro.profiles: a non-default profile's params and lock are swapped in and the default's are always put back."""
+"""repro.cli.profile: a non-default profile's params and lock are swapped in and the default's are always put back."""
 
 import pytest
 
-from repro.profiles import restore, swapped
+from repro.cli.profile import restore, swapped
 
 
 def tree(tmp_path):

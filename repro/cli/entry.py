@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
             run_group(args[1:])
             return
         if args and args[0] == "profile":
-            from repro.profiles import main as profile_main
+            from repro.cli.profile import main as profile_main
 
             profile_main(args[1:])
             return

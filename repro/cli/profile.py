@@ -1,4 +1,4 @@
-"""Profiles other than the default: `dvc repro` with `params.<profile>.yaml` and that profile's own lock file.
+"""`repro profile`: `dvc repro` of a profile other than the default, with its own params and lock files.
 
 DVC reads one `params.yaml` and writes one `dvc.lock`, and the stage names are the same in every profile (outputs
 differ by `${profile}` in their paths). The default profile (`tiny`) owns `params.yaml` and `dvc.lock`; any other
