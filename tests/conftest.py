@@ -21,3 +21,12 @@ def root() -> Path:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def params_specs(section) -> list[str]:
+    """Every `repro runs` spec of a params.yaml section (nested dicts of space-separated spec strings)."""
+    if isinstance(section, str):
+        return section.split()
+    if isinstance(section, dict):
+        return [s for v in section.values() for s in params_specs(v)]
+    return []

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from conftest import params_specs
+
 import yaml
 
 from repro.claims import load_claims
@@ -17,12 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLAIMS = ROOT / "configs" / "infinity_former" / "small" / "claims.yaml"
 
 
-def _specs(section) -> list[str]:
-    if isinstance(section, str):
-        return section.split()
-    if isinstance(section, dict):
-        return [s for v in section.values() for s in _specs(v)]
-    return []
+_specs = params_specs
 
 
 def _trained() -> set[tuple[str, int]]:

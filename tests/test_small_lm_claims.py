@@ -7,8 +7,9 @@ verdict is computed from records, never typed.
 """
 
 import json
-import re
 from pathlib import Path
+
+from conftest import params_specs
 
 import pytest
 import yaml
@@ -22,19 +23,13 @@ DEFAULT_SEED = 1111  # repro/cli.py SEED: the seed of an unseeded `repro runs` s
 
 
 def run_spec(spec: str) -> tuple[str, str | None, int | None]:
-    """`CONFIG[+VARIANT][@SEED]` (the `repro runs` grammar, README "The command line") → (config, variant, seed)."""
-    m = re.fullmatch(r"([\w.-]+?)(?:\+(\w+))?(?:@(\d+))?", spec)
-    assert m, spec
-    return m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None
+    """(config, variant, seed) of a spec, by the parser `repro runs` itself uses."""
+    from repro.cli.runs import run_spec as parse
+
+    return parse(spec)[:3]
 
 
-def _specs(section) -> list[str]:
-    """Every run spec of a params section (nested dicts of space-separated spec strings)."""
-    if isinstance(section, str):
-        return section.split()
-    if isinstance(section, dict):
-        return [s for v in section.values() for s in _specs(v)]
-    return []
+_specs = params_specs
 
 
 def _trained(paper: str) -> set[tuple[str, int]]:
