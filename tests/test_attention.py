@@ -50,6 +50,29 @@ def test_rel_shift_reindexes_by_distance(grad):
             assert_close(out[..., i, j], raw[..., i, k - 1 - dist])
 
 
+def padded_rel_shift(x):
+    """The reference's shift (pad a zero column, view as (K+1, T), drop the first row), written here."""
+    *lead, t, k = x.shape
+    padded = torch.nn.functional.pad(x, (1, 0))
+    return padded.view(*lead, k + 1, t)[..., 1:, :].reshape(*lead, t, k)
+
+
+@pytest.mark.parametrize("t,k", [(4, 7), (5, 5), (1, 3), (6, 13)])
+def test_rel_shift_gradient_equals_the_padded_shift(t, k):
+    """The strided view's backward (the overlapping last column added) gives the gradient the reference's padded
+    shift gives, once the future keys are masked as every caller does; a non-contiguous input as well."""
+    mask = causal_mask(t, k)
+    upstream = torch.randn(2, 3, t, k)
+    grads = []
+    for shift in (rel_shift, padded_rel_shift):
+        raw = torch.randn(2, 3, k, t, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        out = shift(raw.transpose(-1, -2) * 2.0).masked_fill(mask, 0.0)
+        (out * upstream).sum().backward()
+        grads.append((out.detach(), raw.grad))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.equal(grads[0][1], grads[1][1])
+
+
 def test_sinusoid_table_values():
     pos = torch.tensor([0.0, 3.0])
     table = sinusoid_table(pos, 6)

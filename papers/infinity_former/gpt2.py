@@ -411,7 +411,8 @@ class GPT2MemoryLM(SegmentLM):
 
     def configure_optimizers(self):
         o = self.finetune
-        opt = torch.optim.AdamW(self.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                foreach=True)  # the same numbers as the per-parameter loop, fewer ops
         max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
         if o.schedule == "linear" and max_steps <= 0:
             raise ValueError("the linear schedule decays over trainer.max_steps: set --trainer.max_steps")

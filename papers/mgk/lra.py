@@ -249,7 +249,7 @@ class LRAModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.optim.lr, betas=(0.9, 0.999), eps=self.optim.adam_eps,
-                                weight_decay=self.optim.weight_decay)
+                                weight_decay=self.optim.weight_decay, foreach=True)  # same numbers, fewer ops
         total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
         if total <= 0:
             raise ValueError("the one-cycle schedule spans trainer.max_steps: set --trainer.max_steps")

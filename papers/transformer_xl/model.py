@@ -33,6 +33,7 @@ from repro.nn.attention import (
     relative_distances,
     sinusoid_table,
 )
+from repro.nn.dropout import Dropout
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = attn
         self.attn_norm = nn.LayerNorm(cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.ff = PositionwiseFF(d_model=cfg.d_model, d_inner=cfg.d_inner, dropout=cfg.dropout)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.pre_lnorm = cfg.pre_lnorm
@@ -121,7 +122,7 @@ class TransformerXL(nn.Module):
         d_embed = cfg.embed_dim
         self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
                                           cutoffs=cfg.cutoffs, div_val=cfg.div_val)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_attention(cfg)) for _ in range(cfg.n_layer))
         if cfg.attention == "relative":
             self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # u

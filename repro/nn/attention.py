@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.nn.dropout import Dropout
+
 
 def sinusoid_table(pos_seq: torch.Tensor, d_model: int) -> torch.Tensor:
     """(len(pos_seq), d_model): [sin(p·f), cos(p·f)] with f = 1/10000^(2i/d), as the reference's `PositionalEmbedding`."""
@@ -38,17 +40,43 @@ def relative_distances(k_len: int, *, clamp_len: int = -1, device=None) -> torch
 def rel_shift(x_BHTK: torch.Tensor) -> torch.Tensor:
     """Re-index scores computed against distances (K-1 … 0) so that out[..., i, j] holds distance (M + i − j).
 
-    The shift trick of App. B: pad one zero column on the left, view the (T, K+1) block as (K+1, T), drop its
-    first row and view the rest as (T, K). Entries with j > M + i (future keys) hold garbage and must be masked.
-    Without autograd the same re-indexing is a strided view of the input (row i starts T−1−i elements later),
-    which copies nothing; with autograd the padded form is kept because its backward is faster.
+    The shift trick of App. B pads one zero column on the left, views the (T, K+1) block as (K+1, T), drops its
+    first row and views the rest as (T, K). The same re-indexing is a strided view of the input (row i starts
+    T−1−i elements later) that copies nothing: `_RelShift`, whose backward writes the gradient back through the
+    same view. Entries with j > M + i (future keys) hold other scores than the reference's (its pad zeros and
+    wrapped rows; here wrapped rows) and must be masked, as in the reference; the two forms agree everywhere else,
+    gradients included (tests/test_attention.py).
     """
-    *lead, t, k = x_BHTK.shape
-    if not x_BHTK.requires_grad:
-        x = x_BHTK.contiguous()
-        return x.as_strided((*lead, t, k), (*x.stride()[:-2], k - 1, 1), x.storage_offset() + t - 1)
-    padded = F.pad(x_BHTK, (1, 0))  # (…, T, K+1)
-    return padded.view(*lead, k + 1, t)[..., 1:, :].reshape(*lead, t, k)
+    return _RelShift.apply(x_BHTK)
+
+
+def _shift_view(x: torch.Tensor) -> torch.Tensor:
+    *lead, t, k = x.shape
+    return x.as_strided((*lead, t, k), (*x.stride()[:-2], k - 1, 1), x.storage_offset() + t - 1)
+
+
+class _RelShift(torch.autograd.Function):
+    """Forward: the strided view of a contiguous copy-free input. Backward: the gradient written into a zero
+    tensor through the same view. The view's rows overlap by one element (out[i, K−1] is out[i+1, 0]), so the
+    last column is added after the other columns are copied; the other columns are one contiguous range, which
+    with the last column covers all of each block but its first T−1 elements (zeroed)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        ctx.shape = x.shape
+        return _shift_view(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        t = ctx.shape[-2]
+        grad = g.new_empty(ctx.shape)
+        grad[..., 0, : t - 1].zero_()  # the only elements of each (T, K) block the view does not reach
+        view = _shift_view(grad)
+        view[..., :-1].copy_(g[..., :-1])
+        view[..., :-1, -1].add_(g[..., :-1, -1])  # rows 0 … T−2 of the last column alias the next row's first
+        view[..., -1, -1].copy_(g[..., -1, -1])  # the block's last element, written by nothing else
+        return grad
 
 
 def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
@@ -82,7 +110,10 @@ def attend(
     scores = q_BHTE @ k_BHKE.transpose(-1, -2)
     if score_bias_BHTK is not None:
         scores = scores.add_(score_bias_BHTK)
-    scores = scores.masked_fill_(mask_TK, float("-inf"))
+    # −inf added rather than filled: the same scores, and a backward with nothing to do (the softmax's gradient
+    # is already 0 where the probability is), where masked_fill's backward fills the (B, H, T, K) gradient again
+    scores = scores.add_(torch.zeros(mask_TK.shape, dtype=scores.dtype, device=scores.device)
+                         .masked_fill_(mask_TK, float("-inf")))
     prob = dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
     return prob.to(v_BHKE.dtype) @ v_BHKE
 
@@ -98,7 +129,7 @@ class _MemoryAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(d_head)
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
-        self.dropatt = nn.Dropout(dropatt)
+        self.dropatt = Dropout(dropatt)
 
     def project(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None, kv_mem: torch.Tensor | None = None):
         """q (B,H,T,E); kv (2,B,H,K,E) = keys and values of [memory; segment], contiguous per head.
@@ -138,7 +169,8 @@ class RelPartialLearnableAttention(_MemoryAttention):
         q_BHTE, kv = self.project(h_BTD, mem_BMD, kv_mem)
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
         bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)  # terms (b) + (d)
-        out = attend((q_BHTE + u_HE[:, None]) * self.scale, kv[0], kv[1],  # terms (a) + (c)
+        k_BHKE, v_BHKE = kv.unbind(0)  # unbind: its backward stacks; indexing would zero-fill (2, B, H, K, E) twice
+        out = attend((q_BHTE + u_HE[:, None]) * self.scale, k_BHKE, v_BHKE,  # terms (a) + (c)
                      mask_TK=mask_TK, score_bias_BHTK=bd_BHTK, dropatt=self.dropatt)
         return self.output(out), kv
 
@@ -148,7 +180,8 @@ class AbsoluteAttention(_MemoryAttention):
 
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos=None, kv_mem=None):
         q_BHTE, kv = self.project(h_BTD, mem_BMD, kv_mem)
-        out = attend(q_BHTE * self.scale, kv[0], kv[1], mask_TK=mask_TK, dropatt=self.dropatt)
+        k_BHKE, v_BHKE = kv.unbind(0)
+        out = attend(q_BHTE * self.scale, k_BHKE, v_BHKE, mask_TK=mask_TK, dropatt=self.dropatt)
         return self.output(out), kv
 
 
@@ -158,8 +191,8 @@ class PositionwiseFF(nn.Module):
     def __init__(self, *, d_model: int, d_inner: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model), nn.Dropout(dropout),
+            nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), Dropout(dropout),
+            nn.Linear(d_inner, d_model), Dropout(dropout),
         )
 
     def forward(self, x):

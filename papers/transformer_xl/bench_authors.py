@@ -1,0 +1,166 @@
+"""Transformer-XL's speed side by side with the authors' code: `repro bench-txl-authors --checkout PATH`.
+
+Follows `repro.bench` (training = forward, backward, clipping at 0.25 and an Adam step per segment, carrying the
+memory; evaluation = forward passes without gradients carrying the evaluation memory), applied to two models of the
+same shape: ours (`papers.transformer_xl.model.TransformerXL`) and the official `MemTransformerLM`
+(kimiyoung/transformer-xl `pytorch/mem_transformer.py`) imported from a checkout and run unmodified, with the
+run-time shims of `tests/parity/make_transformer_xl.py` only (`torch.version.cuda` set for its import, `.byte()`
+masks as booleans). Differs from `repro bench` in what it is for: the two codes run interleaved (theirs, ours,
+theirs, ours, … for `--rounds` rounds) in one process with the same thread count, the same token stream and the
+same precision, so that a machine's drift hits both; the ratio of each round is reported, and the range over rounds.
+
+Shapes (issue 15's table): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
+batch 2, segment = memory = 512, dropout 0.1) and `small` (4 layers, width 128, 4 heads of 32, inner 512, the
+4,720-word vocabulary of `embedded-word`, batch 16, segment = memory = 128, dropout 0.1). Evaluation keeps the
+shape with memory = segment, no clamp and no same_length. bf16 is `torch.autocast` on both.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "enwik8_12l": dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, n_token=204, batch=2, tgt=512,
+                       mem=512),
+    "small": dict(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, n_token=4720, batch=16, tgt=128,
+                  mem=128),
+}
+DROPOUT = 0.1
+
+
+@contextmanager
+def _shims():
+    byte = torch.Tensor.byte
+    torch.Tensor.byte = lambda self: self.bool()
+    try:
+        yield
+    finally:
+        torch.Tensor.byte = byte
+
+
+def _official(checkout: Path):
+    source = checkout / "pytorch"
+    if not (source / "mem_transformer.py").is_file():
+        raise SystemExit(f"repro bench-txl-authors: {checkout} has no pytorch/mem_transformer.py; "
+                         "pass a checkout of kimiyoung/transformer-xl with --checkout")
+    torch.version.cuda = torch.version.cuda or "10.0"  # its adaptive softmax parses the CUDA version at import
+    sys.path[:0] = [str(source), str(source / "utils")]
+    try:
+        import mem_transformer  # noqa: PLC0415
+    finally:
+        del sys.path[:2]
+    return mem_transformer
+
+
+class _Theirs:
+    def __init__(self, mt, s: dict, mode: str):
+        self.model = mt.MemTransformerLM(s["n_token"], s["n_layer"], s["n_head"], s["d_model"], s["d_head"],
+                                         s["d_inner"], DROPOUT, 0.0, tie_weight=True, d_embed=None, div_val=1,
+                                         tie_projs=[False], pre_lnorm=False, tgt_len=s["tgt"], ext_len=0,
+                                         mem_len=s["mem"], cutoffs=[], same_length=False, attn_type=0,
+                                         clamp_len=-1)
+        self.mems: tuple = ()
+
+    def forward(self, x_BT, y_BT):
+        with _shims():
+            out = self.model(x_BT.t().contiguous(), y_BT.t().contiguous(), *self.mems)
+        self.mems = tuple(out[1:])
+        return out[0].float().mean()
+
+
+class _Ours:
+    def __init__(self, s: dict, mode: str):
+        from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+
+        self.model = TransformerXL(TransformerXLConfig(
+            n_layer=s["n_layer"], d_model=s["d_model"], n_head=s["n_head"], d_head=s["d_head"],
+            d_inner=s["d_inner"], n_token=s["n_token"], dropout=DROPOUT, dropatt=0.0))
+        self.mem_len, self.kv = s["mem"], mode == "eval"  # our evaluation keeps keys and values (repro.lm)
+        self.mems = None
+
+    def forward(self, x_BT, y_BT):
+        h, self.mems = self.model(x_BT, self.mems, mem_len=self.mem_len, kv_memory=self.kv)
+        return self.model.nll(h, y_BT).mean()
+
+
+def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -> float:
+    """Tokens per second of `steps` segments after `warmup` (the memory carried through all of them)."""
+    model = code.model
+    model.train(mode == "train")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4) if mode == "train" else None
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    code.mems = () if isinstance(code, _Theirs) else None
+    grad = nullcontext() if mode == "train" else torch.inference_mode()
+    b, t = stream[0][0].shape
+    start = 0.0
+    for i, (x, y) in enumerate(stream[: warmup + steps]):
+        if i == warmup:
+            start = time.perf_counter()
+        with grad, cast:
+            loss = code.forward(x, y)
+        if opt is not None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if isinstance(code, _Theirs):
+                code.mems = tuple(m.detach() for m in code.mems)
+            else:
+                code.mems = [m.detach() for m in code.mems]
+    return b * t * steps / (time.perf_counter() - start)
+
+
+def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
+        threads: int) -> dict:
+    torch.set_num_threads(threads)
+    s = SHAPES[shape]
+    mt = _official(checkout)
+    torch.manual_seed(0)
+    codes = {"theirs": _Theirs(mt, s, mode), "ours": _Ours(s, mode)}
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, s["n_token"], (s["batch"], (warmup + steps) * s["tgt"] + 1), generator=g)
+    stream = [(tokens[:, i * s["tgt"]:(i + 1) * s["tgt"]], tokens[:, i * s["tgt"] + 1:(i + 1) * s["tgt"] + 1])
+              for i in range(warmup + steps)]
+    speeds: dict[str, list[float]] = {"theirs": [], "ours": []}
+    for _ in range(rounds):
+        for name, code in codes.items():
+            speeds[name].append(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
+    ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
+    return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
+            "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
+            "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in speeds.items()},
+            "ratio": [round(r, 3) for r in ratios], "ratio_median": round(statistics.median(ratios), 3),
+            "parameters": {k: sum(p.numel() for p in c.model.parameters()) for k, c in codes.items()},
+            "torch": torch.__version__}
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="repro bench-txl-authors", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkout", type=Path, required=True, help="a checkout of kimiyoung/transformer-xl")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    p.add_argument("--mode", choices=["train", "eval"], default="train")
+    p.add_argument("--precision", choices=["32", "bf16"], default="32")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
+    a = p.parse_args(argv)
+    row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
+              warmup=a.warmup, threads=a.threads)
+    if a.output:
+        with a.output.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    tps = row["tokens_per_s"]
+    print(f"{a.shape} {a.mode} {a.precision}: ours {'/'.join(f'{v:.0f}' for v in tps['ours'])} tokens/s, "
+          f"theirs {'/'.join(f'{v:.0f}' for v in tps['theirs'])} → {'–'.join(f'{r:.2f}' for r in row['ratio'])}×",
+          flush=True)
