@@ -68,6 +68,12 @@ class _Theirs:
                                          clamp_len=-1)
         self.mems: tuple = ()
 
+    def reset(self):
+        self.mems = ()
+
+    def detach(self):
+        self.mems = tuple(m.detach() for m in self.mems)
+
     def forward(self, x_BT, y_BT):
         with _shims():
             out = self.model(x_BT.t().contiguous(), y_BT.t().contiguous(), *self.mems)
@@ -76,14 +82,21 @@ class _Theirs:
 
 
 class _Ours:
-    def __init__(self, s: dict, mode: str):
+    def __init__(self, s: dict, mode: str, model=None, kv_memory: bool = True):
         from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 
-        self.model = TransformerXL(TransformerXLConfig(
+        self.model = model or TransformerXL(TransformerXLConfig(
             n_layer=s["n_layer"], d_model=s["d_model"], n_head=s["n_head"], d_head=s["d_head"],
-            d_inner=s["d_inner"], n_token=s["n_token"], dropout=DROPOUT, dropatt=0.0))
-        self.mem_len, self.kv = s["mem"], mode == "eval"  # our evaluation keeps keys and values (repro.lm)
+            d_inner=s["d_inner"], n_token=s["n_token"], dropout=s.get("dropout", DROPOUT), dropatt=0.0))
+        # our Transformer-XL evaluation keeps keys and values (repro.lm); a model without that memory keeps states
+        self.mem_len, self.kv = s["mem"], mode == "eval" and kv_memory
         self.mems = None
+
+    def reset(self):
+        self.mems = None
+
+    def detach(self):
+        self.mems = [m.detach() for m in self.mems]
 
     def forward(self, x_BT, y_BT):
         h, self.mems = self.model(x_BT, self.mems, mem_len=self.mem_len, kv_memory=self.kv)
@@ -96,7 +109,7 @@ def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -
     model.train(mode == "train")
     opt = torch.optim.Adam(model.parameters(), lr=1e-4) if mode == "train" else None
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-    code.mems = () if isinstance(code, _Theirs) else None
+    code.reset()
     grad = nullcontext() if mode == "train" else torch.inference_mode()
     b, t = stream[0][0].shape
     start = 0.0
@@ -110,11 +123,26 @@ def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if isinstance(code, _Theirs):
-                code.mems = tuple(m.detach() for m in code.mems)
-            else:
-                code.mems = [m.detach() for m in code.mems]
+            code.detach()
     return b * t * steps / (time.perf_counter() - start)
+
+
+def token_stream(s: dict, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n segments (input, target) of (batch, segment) tokens drawn uniformly with a fixed seed."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, s["n_token"], (s["batch"], n * s["tgt"] + 1), generator=g)
+    return [(tokens[:, i * s["tgt"]:(i + 1) * s["tgt"]], tokens[:, i * s["tgt"] + 1:(i + 1) * s["tgt"] + 1])
+            for i in range(n)]
+
+
+def interleaved(codes: dict, stream, *, mode: str, precision: str, rounds: int, steps: int, warmup: int
+                ) -> dict[str, list[float]]:
+    """Tokens/s of every code in every round, the codes taking turns within each round."""
+    speeds: dict[str, list[float]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name, code in codes.items():
+            speeds[name].append(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
+    return speeds
 
 
 def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
@@ -124,14 +152,8 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
     mt = _official(checkout)
     torch.manual_seed(0)
     codes = {"theirs": _Theirs(mt, s, mode), "ours": _Ours(s, mode)}
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, s["n_token"], (s["batch"], (warmup + steps) * s["tgt"] + 1), generator=g)
-    stream = [(tokens[:, i * s["tgt"]:(i + 1) * s["tgt"]], tokens[:, i * s["tgt"] + 1:(i + 1) * s["tgt"] + 1])
-              for i in range(warmup + steps)]
-    speeds: dict[str, list[float]] = {"theirs": [], "ours": []}
-    for _ in range(rounds):
-        for name, code in codes.items():
-            speeds[name].append(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
+    speeds = interleaved(codes, token_stream(s, warmup + steps), mode=mode, precision=precision, rounds=rounds,
+                         steps=steps, warmup=warmup)
     ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
     return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
