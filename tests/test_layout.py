@@ -89,22 +89,26 @@ def test_help_lists_the_commands_by_paper():
     out = done.stdout
     shared, _, papers = out.partition("commands of the papers")
     assert "shared commands:" in shared and "bench-attention" not in shared and "bench-context" not in shared
+    assert "authors" not in shared
     for command in ("fit", "runs", "describe", "bench", "tables", "recl", "generate"):
         assert f"\n    {command} " in shared, command
     # each paper's heading, then its commands, indented under it
     lines = papers.splitlines()
     heading = {line.strip().rstrip(":"): i for i, line in enumerate(lines) if line.startswith("  ") and
                not line.startswith("    ")}
-    assert list(heading) == ["infinity_former", "mgk"]
+    assert list(heading) == ["infinity_former", "lamemo", "mgk", "transformer_xl"]
     assert lines[heading["infinity_former"] + 1].split()[0] == "bench-context"
+    assert lines[heading["lamemo"] + 1].split()[0] == "bench-lamemo-authors"
     assert lines[heading["mgk"] + 1].split()[0] == "bench-attention"
+    assert lines[heading["transformer_xl"] + 1].split()[0] == "bench-txl-authors"
 
 
 def test_every_registered_command_runs_through_repro(tmp_path):
     from repro.cli.registry import paper_commands
 
     papers = paper_commands()
-    assert {name for cmds in papers.values() for name in cmds} == {"bench-attention", "bench-context"}
+    assert {name for cmds in papers.values() for name in cmds} == {"bench-attention", "bench-context",
+                                                                   "bench-lamemo-authors", "bench-txl-authors"}
     for cmds in papers.values():
         for name in cmds:
             done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,

@@ -1,0 +1,34 @@
+"""The side-by-side harness of `repro bench-txl-authors` / `bench-lamemo-authors`, run on our models on both
+sides (the authors' code is not on this machine's test path): every code is timed in every round, the memory is
+carried through the timed segments and reset between runs, and a missing checkout is one line."""
+
+import pytest
+import torch
+
+from papers.lamemo.model import LaMemo, LaMemoConfig
+from papers.transformer_xl.bench_authors import _Ours, interleaved, token_stream
+from papers.transformer_xl.model import TransformerXLConfig
+
+SHAPE = dict(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=30, batch=2, tgt=4, mem=4, dropout=0.1)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_every_code_is_timed_every_round_with_its_memory(mode):
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=30)
+    codes = {"txl": _Ours(SHAPE, mode), "lamemo": _Ours(SHAPE, mode, model=LaMemo(cfg, LaMemoConfig()),
+                                                          kv_memory=False)}
+    speeds = interleaved(codes, token_stream(SHAPE, 3), mode=mode, precision="32", rounds=2, steps=2, warmup=1)
+    assert {k: len(v) for k, v in speeds.items()} == {"txl": 2, "lamemo": 2}
+    assert all(v > 0 for vs in speeds.values() for v in vs)
+    mems = codes["txl"].mems  # after 3 segments of 4 tokens, the memory holds mem_len = 4 positions
+    assert mems is not None and (mems[0].shape[3] if mode == "eval" else mems[0].shape[1]) == 4
+    assert codes["txl"].model.training == (mode == "train")
+
+
+@pytest.mark.parametrize("module", ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors"])
+def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, tmp_path):
+    import importlib
+
+    with pytest.raises(SystemExit, match="has no pytorch/mem_transformer.py"):
+        importlib.import_module(module)._official(tmp_path)
