@@ -149,3 +149,38 @@ def test_mgk_noninferiority_margin_decides(tmp_path, monkeypatch):
     verdicts = {row[0]: row[-1].value for row in tables.claims_table(Results("mgk", root=tmp_path)).rows}
     assert verdicts == {"mgk4_matches_softmax8": "holds", "mgk8_not_worse_than_softmax8": "reversed",
                         "mgk8_beats_softmax8": "reversed"}
+
+
+def test_txl_paper_profile_ablation_and_recl_reach_their_tables_labelled_rehearsal(tmp_path, monkeypatch):
+    """The full rehearsal found the paper profile's ablation and RECL runs in no table. Their cells must show, read
+    "rehearsal" when the models' records say so, and a rehearsal's RECLs must not decide the paper's ordering."""
+    from papers.transformer_xl import tables
+
+    monkeypatch.chdir(ROOT)
+    for exp, ppl in (("wt103_base", 2.0e4), ("ablation_norec_relative", 2.1e4), ("ablation_norec_absolute", 2.2e4),
+                     ("ablation_vanilla", 2.3e4)):
+        path = tmp_path / "transformer_xl" / "runs" / "paper" / "lm" / f"{exp}.fit.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"paper": "transformer_xl", "experiment": exp, "profile": "paper", "stage": "fit",
+                                    "rehearsal": True, "metrics": {"val/ppl": ppl},
+                                    "provenance": {"parameters": 1000}}))
+    names = ("txl", "norec_relative", "norec_absolute")
+    # recurrence gains most: a non-rehearsal result with these RECLs would state the ordering
+    recl = {r: {n: {"recl": c, "censored": False} for n, c in zip(names, (200, 100, 100))} for r in ("0.1", "0.5", "1.0")}
+    context = {"contexts": [100, 200, 300], "corpus": "wt103", "split": "test", "tokens": 390, "threshold": 0.01,
+               "hardware": "CPU", "recl": recl, "models": {n: {"mean_loss": {"100": 9.9, "300": 9.8}} for n in names}}
+    (tmp_path / "transformer_xl" / "context").mkdir(parents=True)
+    (tmp_path / "transformer_xl" / "context" / "paper.json").write_text(json.dumps(context))
+    results = Results("transformer_xl", root=tmp_path)
+
+    ablation = tables.ablation(results).markdown()
+    assert "valid PPL (ours: paper profile)" in ablation
+    assert "rehearsal 20000.00" in ablation and "rehearsal 23000.00" in ablation
+
+    recl_md = tables.table8(results).markdown()
+    paper_rows = [line for line in recl_md.splitlines() if line.startswith("| ours (paper)")]
+    assert len(paper_rows) == 3
+    assert all(line.count("rehearsal") == 5 for line in paper_rows)  # three RECLs and two perplexities
+    assert "rehearsal 200" in paper_rows[0]
+    assert "at the paper scale" not in recl_md  # no ordering verdict from a rehearsal
+    assert "plumbing, not a result" in recl_md
