@@ -260,6 +260,9 @@ class LTMStep:
     regression_error: torch.Tensor | None = None  # relative squared error of the last fit (eval diagnostics)
 
 
+_SHARED_G: dict[tuple, torch.Tensor] = {}  # ridge matrices by geometry and regression settings (`ridge_G`)
+
+
 class ContinuousLTM(nn.Module):
     """Continuous long-term-memory attention: `update` refits the signal with new vectors, `attend` reads it.
 
@@ -289,12 +292,22 @@ class ContinuousLTM(nn.Module):
 
     # ----------------------------------------------------------------------------------------- regression
     def ridge_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
-        """G for a first fit of n_new vectors (`kind="fit"`) or an update of n_old samples + n_new vectors."""
+        """G for a first fit of n_new vectors (`kind="fit"`) or an update of n_old samples + n_new vectors.
+
+        A constant of the geometry, shared by every layer (and model) with the same regression settings: one
+        solve per geometry and process (`_SHARED_G`), not one per layer (a 1024-basis solve takes ~0.1 s on a CPU
+        core). `self._G` holds what this module uses, and may be set directly (the parity tests do)."""
         key = (kind, n_old, n_new, str(device))
         if key not in self._G:
-            # a constant of the geometry: built outside inference mode so that training can reuse it after evaluation
-            with torch.inference_mode(False):
-                self._G[key] = self._build_G(kind, n_old, n_new, device)
+            c = self.cfg
+            shared = (key, c.n_basis, c.widths, c.ridge, c.pad_regression, c.grid, c.tau if kind == "update" else None)
+            if shared not in _SHARED_G:
+                if len(_SHARED_G) >= 64:  # geometries of one run are few; a sweep in one process must not pile up
+                    _SHARED_G.pop(next(iter(_SHARED_G)))
+                # built outside inference mode so that training can reuse it after evaluation
+                with torch.inference_mode(False):
+                    _SHARED_G[shared] = self._build_G(kind, n_old, n_new, device)
+            self._G[key] = _SHARED_G[shared]
         return self._G[key]
 
     def _build_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
