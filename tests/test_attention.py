@@ -145,3 +145,51 @@ def test_absolute_attention_equals_softmax_reference():
     v = (cat @ w[16:].T).view(b, t + mem, nh, e).transpose(1, 2)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask)
     assert_close(out, attn.o_net(ref.transpose(1, 2).reshape(b, t, d)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block", [5, 64, 1 << 18])  # several blocks with an uneven last one; one block
+def test_blocked_low_precision_softmax_is_bit_identical(monkeypatch, dtype, block):
+    """`softmax_float32_to` gives exactly the numbers and gradient of the one-expression float32 softmax."""
+    import repro.nn.attention as attention
+
+    monkeypatch.setattr(attention, "_BLOCK", block)
+    g = torch.Generator().manual_seed(0)
+    x0 = (torch.randn(2, 3, 7, 11, generator=g) * 4).to(dtype)
+    x0[..., 0, 5:] = float("-inf")  # masked entries, as the causal mask leaves them
+    up = torch.randn(2, 3, 7, 11, generator=g).to(dtype)
+    outs = []
+    for f in (lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(dtype), attention.softmax_float32_to):
+        x = x0.clone().requires_grad_()
+        y = f(x)
+        y.backward(up)
+        outs.append((y, x.grad))
+    assert outs[1][0].dtype == dtype
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax(monkeypatch):
+    """The whole attention (outputs and every gradient) under bf16 autocast is the same with the blocked softmax as
+    with the one-expression softmax it replaces (dropatt 0, the configs' setting)."""
+    import repro.nn.attention as attention
+
+    torch.manual_seed(0)
+    attn = RelPartialLearnableAttention(d_model=16, n_head=2, d_head=8, dropatt=0.0)
+    h, mem = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
+    r = sinusoid_table(relative_distances(8), 16)
+    u, v = torch.randn(2, 8, requires_grad=True), torch.randn(2, 8, requires_grad=True)
+    mask = causal_mask(5, 8)
+
+    def run():
+        attn.zero_grad(set_to_none=True)
+        u.grad = v.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = attn(h, mem_BMD=mem, mask_TK=mask, pos=(r, u, v))
+        out.float().square().sum().backward()
+        return [out.detach(), u.grad, v.grad] + [p.grad for p in attn.parameters()]
+
+    blocked = run()
+    monkeypatch.setattr(attention, "_LOW", ())  # the one-expression path
+    plain = run()
+    for a, b in zip(blocked, plain):
+        assert torch.equal(a, b)
