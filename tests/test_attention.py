@@ -150,16 +150,16 @@ def test_absolute_attention_equals_softmax_reference():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block", [5, 64, 1 << 18])  # several blocks with an uneven last one; one block
 def test_blocked_low_precision_softmax_is_bit_identical(monkeypatch, dtype, block):
-    """`softmax_float32_to` gives exactly the numbers and gradient of the one-expression float32 softmax."""
-    import repro.nn.attention as attention
+    """`blocked.softmax_float32_to` gives exactly the numbers and gradient of the one-expression float32 softmax."""
+    from repro.nn import blocked
 
-    monkeypatch.setattr(attention, "_BLOCK", block)
+    monkeypatch.setattr(blocked, "BLOCK", block)
     g = torch.Generator().manual_seed(0)
     x0 = (torch.randn(2, 3, 7, 11, generator=g) * 4).to(dtype)
     x0[..., 0, 5:] = float("-inf")  # masked entries, as the causal mask leaves them
     up = torch.randn(2, 3, 7, 11, generator=g).to(dtype)
     outs = []
-    for f in (lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(dtype), attention.softmax_float32_to):
+    for f in (lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(dtype), blocked.softmax_float32_to):
         x = x0.clone().requires_grad_()
         y = f(x)
         y.backward(up)
@@ -171,7 +171,7 @@ def test_blocked_low_precision_softmax_is_bit_identical(monkeypatch, dtype, bloc
 def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax(monkeypatch):
     """The whole attention (outputs and every gradient) under bf16 autocast is the same with the blocked softmax as
     with the one-expression softmax it replaces (dropatt 0, the configs' setting)."""
-    import repro.nn.attention as attention
+    from repro.nn import blocked
 
     torch.manual_seed(0)
     attn = RelPartialLearnableAttention(d_model=16, n_head=2, d_head=8, dropatt=0.0)
@@ -188,8 +188,31 @@ def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax
         out.float().square().sum().backward()
         return [out.detach(), u.grad, v.grad] + [p.grad for p in attn.parameters()]
 
-    blocked = run()
-    monkeypatch.setattr(attention, "_LOW", ())  # the one-expression path
+    fast = run()
+    monkeypatch.setattr(blocked, "LOW", ())  # the one-expression path
     plain = run()
-    for a, b in zip(blocked, plain):
+    for a, b in zip(fast, plain):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [7, 1 << 18])
+def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block):
+    """`blocked.cross_entropy_float32` gives exactly the values and gradient of `F.cross_entropy(x.float(), y)`."""
+    import torch.nn.functional as F
+
+    from repro.nn import blocked
+
+    monkeypatch.setattr(blocked, "BLOCK", block)
+    g = torch.Generator().manual_seed(0)
+    x0 = (torch.randn(13, 5, generator=g) * 3).to(dtype)
+    y = torch.randint(0, 5, (13,), generator=g)
+    up = torch.rand(13, generator=g)
+    outs = []
+    for f in (lambda x: F.cross_entropy(x.float(), y, reduction="none"), lambda x: blocked.cross_entropy_float32(x, y)):
+        x = x0.clone().requires_grad_()
+        loss = f(x)
+        loss.backward(up)
+        outs.append((loss, x.grad))
+    assert outs[1][0].dtype == torch.float32 and outs[1][1].dtype == dtype
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

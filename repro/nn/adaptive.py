@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from repro.nn import blocked
+
 
 def _bounds(n_token: int, cutoffs: tuple[int, ...]) -> list[int]:
     if list(cutoffs) != sorted(set(cutoffs)) or (cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= n_token)):
@@ -128,6 +130,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             raise ValueError(f"{hidden.shape[0]} hidden states for {target.shape[0]} targets")
         if self.n_clusters == 0:
             logit = self._logit(hidden, *self._cluster_params(0), self.out_projs[0])
+            if logit.device.type == "cpu":  # the same numbers in cache-sized blocks (repro.nn.blocked)
+                return blocked.cross_entropy_float32(logit, target)
             return F.cross_entropy(logit.float(), target, reduction="none")
         head_logprob = torch.log_softmax(self._logit(hidden, *self._cluster_params(0), self.out_projs[0]).float(), -1)
         nll = torch.empty(target.shape, dtype=torch.float32, device=hidden.device)
