@@ -8,6 +8,7 @@ one run from the root does (MLflow's default artifact location is relative to th
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import subprocess
 from functools import cache
@@ -28,14 +29,33 @@ def repo_root() -> Path:
 
 def hardware() -> str:
     """Where a run or a measurement ran, as its record and MLflow tag say: the GPUs, or the CPU's cores and threads."""
-    import platform
-
     import torch
 
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         return f"{n}× {torch.cuda.get_device_name(0)}"
-    return f"CPU {platform.machine()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
+    return f"CPU {platform.machine()} {cpu_model()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the instruction set PyTorch's kernels use, with its bf16 support, e.g. "AMD EPYC
+    (AVX512, avx512_bf16)". bf16 matrix products take other kernels on a CPU with bf16 instructions (avx512_bf16,
+    amx_bf16) than without, so a bf16 run repeats bit for bit only on a CPU of the same kind (README, "Profiles")."""
+    import torch
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name in ("unknown", platform.machine()):
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags] or ["no bf16 instructions"]
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {', '.join(bf16)})"
 
 
 def tracking_uri() -> str:
