@@ -189,3 +189,19 @@ def test_evaluation_reports_accuracy_and_regression_error(tmp_path):
     out = trainer.test(module, datamodule=trainer.datamodule, verbose=False)[0]
     assert 0.0 <= out["test/acc"] <= 1.0 and out["test/tokens"] == 2 * 20
     assert out["test/regression_error"] >= 0
+
+
+def test_bench_compare_times_the_models_in_turns():
+    """`repro bench --compare`: every model once per round, in the given order, each row relative to the round's
+    first model (its own tokens/s over the first's)."""
+    from repro.cli.bench import compare
+
+    a, b = "configs/infinity_former/tiny/sort_256_txl.yaml", "configs/infinity_former/tiny/sort_256_infty.yaml"
+    rows = compare([[a], [b]], mode="eval", rounds=2, steps=1, warmup=0, batch_size=1, precision="32",
+                   overrides=["--data.init_args.n_train", "8", "--data.init_args.n_valid", "4",
+                              "--data.init_args.n_test", "4"])
+    assert [(r["round"], r["config"]) for r in rows] == [(1, [a]), (1, [b]), (2, [a]), (2, [b])]
+    for first, second in (rows[:2], rows[2:]):
+        assert first["relative"] == 1.0
+        assert second["relative"] == round(second["tokens_per_s"] / first["tokens_per_s"], 3)
+        assert second["mode"] == "eval" and second["parameters"] > first["parameters"]

@@ -1,4 +1,5 @@
-"""`repro bench`: speed and memory of a config's model (train, eval, or Transformer-XL's Table 9 slowdown).
+"""`repro bench`: speed and memory of a config's model (train, eval, or Transformer-XL's Table 9 slowdown), or of
+several models side by side (`--compare`).
 
 The measurement is library code in `repro.bench` (`bench_module`, on a built module and data module); this
 module builds them from the config files (`repro.cli.cli.build`), applies the rehearsal's settings, and writes
@@ -27,16 +28,48 @@ def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 1
                         attention_lengths=attention_lengths, segment=segment)
 
 
+def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: list[str] | None = None,
+            **kw) -> list[dict]:
+    """`repro bench --compare`: each entry of `models` (config files merged in order) is one model; all are built
+    first, then timed in turns (A, B, …, A, B, … for `rounds` rounds) in one process with the same settings, so
+    that a machine's drift hits every model alike (a shared CPU varies by 2× over minutes; timed one after another
+    in separate processes the models' ratio moved as much). Each row has its `round` and its speed relative to the
+    first model's in the same round (`relative`)."""
+    from repro.bench import bench_module
+    from repro.cli.cli import build
+
+    if mode == "slowdown":
+        raise ValueError("--compare times train or eval, not slowdown")
+    built = [(cfgs, build(cfgs, overrides)) for cfgs in models]
+    rows = []
+    for r in range(1, rounds + 1):
+        first = None
+        for cfgs, cli in built:
+            torch.manual_seed(0)
+            row = bench_module(cli.model, cli.datamodule, config=cfgs, mode=mode, **kw)[0]
+            first = first or row["tokens_per_s"]
+            rows.append(row | {"round": r, "relative": round(row["tokens_per_s"] / first, 3)})
+    return rows
+
+
 def main(args) -> None:
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
     if getattr(args, "rehearsal", "false") == "true":  # the code path at the paper's sizes, not a measurement
         args.steps, args.warmup, args.batch_size = 1, 0, args.batch_size or 2
-    rows = bench(args.config, mode=args.mode, precision=args.precision, steps=args.steps, warmup=args.warmup,
-                 batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
-                 attention_lengths=[int(x) for x in args.attention_lengths.split(",")] if args.attention_lengths else None,
-                 segment=args.segment, overrides=args.override)
+    if args.compare:
+        rows = compare([c.split(",") for c in args.config], mode=args.mode, rounds=args.rounds,
+                       overrides=args.override, precision=args.precision, steps=args.steps, warmup=args.warmup,
+                       batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device)
+        for row in rows:  # one line per model and round for people; the JSON lines below or in --output
+            print(f"round {row['round']}: {'+'.join(row['config'])} {row['mode']} {row['tokens_per_s']:,.0f} tokens/s "
+                  f"({row['relative']:.2f}× the first)", flush=True)
+    else:
+        rows = bench(args.config, mode=args.mode, precision=args.precision, steps=args.steps, warmup=args.warmup,
+                     batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
+                     attention_lengths=[int(x) for x in args.attention_lengths.split(",")] if args.attention_lengths
+                     else None, segment=args.segment, overrides=args.override)
     if getattr(args, "rehearsal", "false") == "true":
         rows = [{**r, "rehearsal": True} for r in rows]
     lines = [json.dumps(r) for r in rows]

@@ -151,7 +151,12 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     d.set_defaults(func=_describe)
 
     b = sub.add_parser("bench", help="tokens/s and peak memory of a config (one JSON line)")
-    b.add_argument("config", nargs="+", help="config file(s), merged in order (e.g. a training and an eval config)")
+    b.add_argument("config", nargs="+", help="config file(s), merged in order (e.g. a training and an eval config); "
+                   "with --compare one model each (A.yaml,A.eval.yaml merges)")
+    b.add_argument("--compare", action="store_true",
+                   help="time each config's model in turns, interleaved over --rounds, and give each one's speed "
+                        "relative to the first's")
+    b.add_argument("--rounds", type=int, default=2, help="--compare: rounds of turns")
     b.add_argument("--mode", choices=["train", "eval", "slowdown"], default="train")
     b.add_argument("--precision", choices=["32", "bf16"], default="32")
     b.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
