@@ -28,7 +28,8 @@ def repo_root() -> Path:
 
 
 def hardware() -> str:
-    """Where a run or a measurement ran, as its record and MLflow tag say: the GPUs, or the CPU's cores and threads."""
+    """Where a run or a measurement ran, as its record and MLflow tag say: the GPUs, or the CPU (`cpu_model`), its
+    cores and the threads used."""
     import torch
 
     if torch.cuda.is_available():

@@ -117,7 +117,7 @@ def attend(
                          .masked_fill_(mask_TK, float("-inf")))
     no_dropout = dropatt.p == 0 or not dropatt.training
     if no_dropout and scores.device.type == "cpu" and scores.dtype in blocked.LOW and v_BHKE.dtype == scores.dtype:
-        return blocked.softmax_float32_to(scores) @ v_BHKE  # the same numbers, a third of the time (bf16, CPU)
+        return blocked.softmax_float32_to(scores) @ v_BHKE  # the same numbers, about a third of the time
     prob = dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
     return prob.to(v_BHKE.dtype) @ v_BHKE
 

@@ -8,7 +8,7 @@ back, and in the backward pass as many again (for the cross-entropy also a zero-
 block of rows (`BLOCK` float32 elements, 1 MB, a core's cache) goes through the same kernels while it is in cache,
 and the backward pass recomputes the float32 block from the saved input instead of keeping a float32 copy of the
 whole tensor. Rows are independent in both functions, so any blocking gives the same numbers and gradients as the
-whole tensor (tests/test_attention.py, tests/test_transformer_xl.py).
+whole tensor (tests/test_attention.py: both functions, and the whole attention under bf16 autocast).
 
 Measured (2 cores, torch 2.13, forward + backward, median of 5): the 2 × 8 × 512 × 1024 bf16 attention scores of
 the 41M enwik8 model 54 → 15 ms; the 2,048 × 4,720 logits of the small word-level model 77 → 21 ms in bf16 and
