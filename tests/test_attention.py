@@ -188,7 +188,10 @@ def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax
         out.float().square().sum().backward()
         return [out.detach(), u.grad, v.grad] + [p.grad for p in attn.parameters()]
 
+    calls = []
+    monkeypatch.setattr(blocked, "softmax_float32_to", lambda x, f=blocked.softmax_float32_to: calls.append(1) or f(x))
     fast = run()
+    assert calls, "the blocked softmax was not the path taken"
     monkeypatch.setattr(blocked, "LOW", ())  # the one-expression path
     plain = run()
     for a, b in zip(fast, plain):
