@@ -147,30 +147,47 @@ def test_absolute_attention_equals_softmax_reference():
     assert_close(out, attn.o_net(ref.transpose(1, 2).reshape(b, t, d)))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block", [5, 64, 1 << 18])  # several blocks with an uneven last one; one block
-def test_blocked_low_precision_softmax_is_bit_identical(monkeypatch, dtype, block):
-    """`blocked.softmax_float32_to` gives exactly the numbers and gradient of the one-expression float32 softmax."""
+def _whole_tensor_softmax(scores, bias, mask):
+    """The one-expression form `blocked.masked_softmax` replaces (attend's lines for the other paths)."""
+    if bias is not None:
+        scores = scores.add_(bias)
+    scores = scores.add_(torch.zeros(mask.shape, dtype=scores.dtype).masked_fill_(mask, float("-inf")))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", ["none", "shifted", "broadcast"])
+@pytest.mark.parametrize("block", [5, 64, 1 << 18])  # one row per block; rows of one matrix; whole matrices
+def test_blocked_masked_softmax_is_bit_identical(monkeypatch, dtype, bias, block):
+    """`blocked.masked_softmax` gives exactly the probabilities of the whole-tensor form and exactly its gradients
+    for the scores and the bias: with Transformer-XL's shifted (strided) bias, a broadcast bias, or none."""
     from repro.nn import blocked
 
     monkeypatch.setattr(blocked, "BLOCK", block)
     g = torch.Generator().manual_seed(0)
     x0 = (torch.randn(2, 3, 7, 11, generator=g) * 4).to(dtype)
-    x0[..., 0, 5:] = float("-inf")  # masked entries, as the causal mask leaves them
+    b0 = {"none": None, "shifted": (torch.randn(2, 3, 7, 11, generator=g) * 4).to(dtype),
+          "broadcast": (torch.randn(1, 3, 7, 11, generator=g) * 4).to(dtype)}[bias]
+    mask = causal_mask(7, 11)
+    mask[0, :2] = True  # a query that also misses memory positions (same_length)
     up = torch.randn(2, 3, 7, 11, generator=g).to(dtype)
     outs = []
-    for f in (lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(dtype), blocked.softmax_float32_to):
+    for f in (_whole_tensor_softmax, blocked.masked_softmax):
         x = x0.clone().requires_grad_()
-        y = f(x)
+        bsrc = None if b0 is None else b0.clone().requires_grad_()
+        bias_t = None if bsrc is None else rel_shift(bsrc) if bias == "shifted" else bsrc
+        y = f(x.clone(), bias_t, mask)
         y.backward(up)
-        outs.append((y, x.grad))
+        outs.append([y, x.grad] + ([] if bsrc is None else [bsrc.grad]))
     assert outs[1][0].dtype == dtype
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
-def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax(monkeypatch):
-    """The whole attention (outputs and every gradient) under bf16 autocast is the same with the blocked softmax as
-    with the one-expression softmax it replaces (dropatt 0, the configs' setting)."""
+@pytest.mark.parametrize("precision", ["32", "bf16"])
+def test_relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision):
+    """The whole attention (outputs and every gradient), in float32 and under bf16 autocast, is the same with the
+    blocked softmax as with the whole-tensor lines it replaces (dropatt 0, the configs' setting)."""
     from repro.nn import blocked
 
     torch.manual_seed(0)
@@ -183,16 +200,16 @@ def test_relative_attention_under_bf16_autocast_unchanged_by_the_blocked_softmax
     def run():
         attn.zero_grad(set_to_none=True)
         u.grad = v.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             out, _ = attn(h, mem_BMD=mem, mask_TK=mask, pos=(r, u, v))
         out.float().square().sum().backward()
         return [out.detach(), u.grad, v.grad] + [p.grad for p in attn.parameters()]
 
     calls = []
-    monkeypatch.setattr(blocked, "softmax_float32_to", lambda x, f=blocked.softmax_float32_to: calls.append(1) or f(x))
+    monkeypatch.setattr(blocked, "masked_softmax", lambda *a, f=blocked.masked_softmax: calls.append(1) or f(*a))
     fast = run()
     assert calls, "the blocked softmax was not the path taken"
-    monkeypatch.setattr(blocked, "LOW", ())  # the one-expression path
+    monkeypatch.setattr(blocked, "handles", lambda *a: False)  # the whole-tensor path
     plain = run()
     for a, b in zip(fast, plain):
         assert torch.equal(a, b)

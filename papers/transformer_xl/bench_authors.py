@@ -5,9 +5,12 @@ memory; evaluation = forward passes without gradients carrying the evaluation me
 same shape: ours (`papers.transformer_xl.model.TransformerXL`) and the official `MemTransformerLM`
 (kimiyoung/transformer-xl `pytorch/mem_transformer.py`) imported from a checkout and run unmodified, with the
 run-time shims of `tests/parity/make_transformer_xl.py` only (`torch.version.cuda` set for its import, `.byte()`
-masks as booleans). Differs from `repro bench` in what it is for: the two codes run interleaved (theirs, ours,
-theirs, ours, … for `--rounds` rounds) in one process with the same thread count, the same token stream and the
-same precision, so that a machine's drift hits both; the ratio of each round is reported, and the range over rounds.
+masks as booleans). Differs from `repro bench` in what it is for: the two codes take turns (theirs, ours,
+theirs, ours, … for `--rounds` rounds) with the same thread count, the same token stream and the same precision,
+so that a machine's drift hits both; the ratio of each round is reported, and the range over rounds. Each code
+lives in its own process, so that each runs with the C allocator's policy it is run with: ours with
+`repro.allocator`'s (as the `repro` command sets it), theirs with the C library's default (as their `train.py`
+runs), or with ours too (`--same-allocator`). `interleaved` is the one-process form (`bench-lamemo-authors`).
 
 Shapes (issue 15's table): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
 batch 2, segment = memory = 512, dropout 0.1) and `small` (4 layers, width 128, 4 heads of 32, inner 512, the
@@ -145,22 +148,71 @@ def interleaved(codes: dict, stream, *, mode: str, precision: str, rounds: int, 
     return speeds
 
 
-def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
-        threads: int) -> dict:
+def _build(which: str, checkout: Path, s: dict, mode: str):
+    return _Theirs(_official(checkout), s, mode) if which == "theirs" else _Ours(s, mode)
+
+
+def _serve(conn, which: str, checkout: Path, s: dict, mode: str, precision: str, steps: int, warmup: int,
+           threads: int, keep_freed: bool) -> None:
+    """One code in its own process: built once, then timed whenever the parent asks (None ends it)."""
+    if keep_freed:
+        from repro.allocator import keep_freed_memory  # noqa: PLC0415
+
+        keep_freed_memory()
     torch.set_num_threads(threads)
-    s = SHAPES[shape]
-    mt = _official(checkout)
     torch.manual_seed(0)
-    codes = {"theirs": _Theirs(mt, s, mode), "ours": _Ours(s, mode)}
-    speeds = interleaved(codes, token_stream(s, warmup + steps), mode=mode, precision=precision, rounds=rounds,
-                         steps=steps, warmup=warmup)
+    code = _build(which, checkout, s, mode)
+    stream = token_stream(s, warmup + steps)
+    conn.send(sum(p.numel() for p in code.model.parameters()))
+    while conn.recv() is not None:
+        conn.send(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
+
+
+def interleaved_processes(checkout: Path, s: dict, *, mode: str, precision: str, rounds: int, steps: int,
+                          warmup: int, threads: int, same_allocator: bool = False) -> tuple[dict, dict]:
+    """Tokens/s of both codes in every round, taking turns, each in its own process: ours with the allocator
+    policy `repro` runs it with (`repro.allocator`), theirs with the C library's default as their `train.py` runs
+    (or, `same_allocator`, with ours). Returns (speeds, parameter counts)."""
+    import multiprocessing as mp  # noqa: PLC0415
+
+    ctx = mp.get_context("spawn")
+    procs, conns, params = {}, {}, {}
+    for which in ("theirs", "ours"):
+        parent, child = ctx.Pipe()
+        keep = which == "ours" or same_allocator
+        procs[which] = ctx.Process(target=_serve, args=(child, which, checkout, s, mode, precision, steps, warmup,
+                                                         threads, keep), daemon=True)
+        procs[which].start()
+        conns[which] = parent
+    try:
+        for which, conn in conns.items():
+            params[which] = conn.recv()
+        speeds: dict[str, list[float]] = {name: [] for name in conns}
+        for _ in range(rounds):
+            for which, conn in conns.items():
+                conn.send("time")
+                speeds[which].append(conn.recv())
+    finally:
+        for which, conn in conns.items():
+            conn.send(None)
+            procs[which].join(timeout=30)
+    return speeds, params
+
+
+def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
+        threads: int, same_allocator: bool = False) -> dict:
+    s = SHAPES[shape]
+    _official(checkout)  # a bad checkout fails here, in one line, before any process starts
+    speeds, params = interleaved_processes(checkout, s, mode=mode, precision=precision, rounds=rounds, steps=steps,
+                                           warmup=warmup, threads=threads, same_allocator=same_allocator)
     ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
     return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
+            "allocator": {"ours": "repro (freed blocks kept)",
+                          "theirs": "repro (freed blocks kept)" if same_allocator else "C library default"},
             "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in speeds.items()},
             "ratio": [round(r, 3) for r in ratios], "ratio_median": round(statistics.median(ratios), 3),
-            "parameters": {k: sum(p.numel() for p in c.model.parameters()) for k, c in codes.items()},
-            "torch": torch.__version__}
+            "parameters": params, "torch": torch.__version__}
 
 
 def main(argv: list[str]) -> None:
@@ -175,10 +227,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--same-allocator", action="store_true",
+                   help="run theirs with our allocator policy too (repro.allocator); default: the C library's")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
     row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
-              warmup=a.warmup, threads=a.threads)
+              warmup=a.warmup, threads=a.threads, same_allocator=a.same_allocator)
     if a.output:
         with a.output.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     subcommands (`tables`, `describe`, `bench`, …) start without Lightning and import what they use. Errors the
     user can act on end with their message alone; REPRO_DEBUG=1 shows the traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    from repro.allocator import keep_freed_memory
+
+    keep_freed_memory()  # freed tensors reused, not mmapped afresh each step (REPRO_MALLOC=system: glibc's default)
     if not os.environ.get("REPRO_VERBOSE"):  # MLflow's database set-up notes (read when mlflow is imported)
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     _at_repository_root(args[0] if args else "")

@@ -109,15 +109,16 @@ def attend(
     """softmax(q·kᵀ + bias, masked) · v → (B, H, T, E). The caller scales q (and the bias) by 1/√E: scaling the
     (B, H, T, E) queries is cheaper than scaling the (B, H, T, K) scores."""
     scores = q_BHTE @ k_BHKE.transpose(-1, -2)
+    no_dropout = dropatt.p == 0 or not dropatt.training
+    if no_dropout and mask_TK.dim() == 2 and blocked.handles(scores, v_BHKE):
+        # bias, mask and softmax on each block of rows while it is in cache: the numbers of the lines below
+        return blocked.masked_softmax(scores, score_bias_BHTK, mask_TK) @ v_BHKE
     if score_bias_BHTK is not None:
         scores = scores.add_(score_bias_BHTK)
     # −inf added rather than filled: the same scores, and a backward with nothing to do (the softmax's gradient
     # is already 0 where the probability is), where masked_fill's backward fills the (B, H, T, K) gradient again
     scores = scores.add_(torch.zeros(mask_TK.shape, dtype=scores.dtype, device=scores.device)
                          .masked_fill_(mask_TK, float("-inf")))
-    no_dropout = dropatt.p == 0 or not dropatt.training
-    if no_dropout and scores.device.type == "cpu" and scores.dtype in blocked.LOW and v_BHKE.dtype == scores.dtype:
-        return blocked.softmax_float32_to(scores) @ v_BHKE  # the same numbers, about a third of the time
     prob = dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
     return prob.to(v_BHKE.dtype) @ v_BHKE
 

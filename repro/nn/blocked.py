@@ -29,9 +29,24 @@ def _blocks(k: int, n_rows: int):
     return ((i, min(i + step, n_rows)) for i in range(0, n_rows, step))
 
 
-def softmax_float32_to(x: torch.Tensor) -> torch.Tensor:
-    """`torch.softmax(x, -1, dtype=torch.float32).to(x.dtype)` for reduced-precision x: same values and gradient."""
-    return _SoftmaxFloat32To.apply(x)
+def handles(scores: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `masked_softmax` serves these scores (on a CPU, float32 or reduced precision, v of the same dtype)."""
+    return scores.device.type == "cpu" and scores.dtype == v.dtype and (
+        scores.dtype == torch.float32 or scores.dtype in LOW)
+
+
+def masked_softmax(scores_BHTK: torch.Tensor, bias_BHTK: torch.Tensor | None, mask_TK: torch.Tensor) -> torch.Tensor:
+    """Attention probabilities (`mask_TK` (T, K), True where forbidden), the numbers of the whole-tensor form bit for bit, in row blocks:
+
+        scores.add_(bias).add_(zeros(T, K).masked_fill_(mask, −inf))
+        float32 scores: torch.softmax(scores, −1);  bf16/fp16: torch.softmax(scores, −1, dtype=float32).to(dtype)
+
+    with the same gradient for the scores and for the bias (the gradient of the softmax's input, as the two
+    additions pass it on). The bias (e.g. Transformer-XL's shifted positional term, a strided view) and the mask
+    are added to each block while it is in cache, instead of in two more passes over the whole tensor. `scores`
+    (B, H, T, K) is overwritten with the biased, masked scores (reduced precision: kept for the backward pass, which
+    recomputes each float32 block from them; float32: the probabilities are kept, as torch.softmax keeps them)."""
+    return _MaskedSoftmax.apply(scores_BHTK, bias_BHTK, mask_TK)
 
 
 def cross_entropy_float32(logits_NV: torch.Tensor, target_N: torch.Tensor) -> torch.Tensor:
@@ -39,29 +54,54 @@ def cross_entropy_float32(logits_NV: torch.Tensor, target_N: torch.Tensor) -> to
     return _CrossEntropyFloat32.apply(logits_NV, target_N)
 
 
-class _SoftmaxFloat32To(torch.autograd.Function):
+def _blocks_bhtk(bh: int, t: int, k: int):
+    """(b0, b1, t0, t1) covering a (BH, T, K) tensor: whole (T, K) matrices per block where they fit, else rows."""
+    if t * k <= BLOCK:
+        step = max(1, BLOCK // (t * k))
+        return ((i, min(i + step, bh), 0, t) for i in range(0, bh, step))
+    step = max(1, BLOCK // k)
+    return ((i, i + 1, j, min(j + step, t)) for i in range(bh) for j in range(0, t, step))
+
+
+class _MaskedSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        o2 = out.view(-1, k)
-        for i, j in _blocks(k, x2.shape[0]):
-            o2[i:j].copy_(torch.softmax(x2[i:j].float(), dim=-1))
-        ctx.save_for_backward(x)
+    def forward(ctx, scores, bias, mask):
+        *lead, t, k = scores.shape
+        low = scores.dtype in LOW
+        s3 = scores.view(-1, t, k)  # the product's output: contiguous
+        # a view where the strides allow (Transformer-XL's shifted term does), else one copy (a broadcast bias)
+        b3 = None if bias is None else bias.expand(scores.shape).reshape(-1, t, k)
+        neg = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device).masked_fill_(mask, float("-inf"))
+        out = torch.empty(scores.shape, dtype=scores.dtype, device=scores.device)
+        o3 = out.view(-1, t, k)
+        for b0, b1, t0, t1 in _blocks_bhtk(s3.shape[0], t, k):
+            blk = s3[b0:b1, t0:t1]
+            if b3 is not None:
+                blk.add_(b3[b0:b1, t0:t1])
+            blk.add_(neg[t0:t1])
+            if low:
+                o3[b0:b1, t0:t1].copy_(torch.softmax(blk.float(), dim=-1))
+            else:
+                torch.softmax(blk, dim=-1, out=o3[b0:b1, t0:t1])
+        ctx.low, ctx.has_bias = low, bias is not None
+        ctx.save_for_backward(scores if low else out)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        k = x.shape[-1]
-        x2, g2 = x.reshape(-1, k), g.reshape(-1, k)
-        grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        gr2 = grad.view(-1, k)
-        for i, j in _blocks(k, x2.shape[0]):
-            p = torch.softmax(x2[i:j].float(), dim=-1)
-            gr2[i:j].copy_(torch._softmax_backward_data(g2[i:j].float(), p, -1, torch.float32))
-        return grad
+        (saved,) = ctx.saved_tensors
+        *lead, t, k = saved.shape
+        x3, g3 = saved.view(-1, t, k), g.reshape(-1, t, k)
+        grad = torch.empty(saved.shape, dtype=saved.dtype, device=saved.device)
+        gr3 = grad.view(-1, t, k)
+        for b0, b1, t0, t1 in _blocks_bhtk(x3.shape[0], t, k):
+            if ctx.low:
+                p = torch.softmax(x3[b0:b1, t0:t1].float(), dim=-1)
+                gr3[b0:b1, t0:t1].copy_(torch._softmax_backward_data(g3[b0:b1, t0:t1].float(), p, -1, torch.float32))
+            else:
+                gr3[b0:b1, t0:t1] = torch._softmax_backward_data(g3[b0:b1, t0:t1], x3[b0:b1, t0:t1], -1,
+                                                                 torch.float32)
+        return grad, (grad if ctx.has_bias else None), None
 
 
 class _CrossEntropyFloat32(torch.autograd.Function):
