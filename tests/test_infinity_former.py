@@ -14,6 +14,7 @@ from papers.infinity_former.ltm import (
     bin_mass,
     evaluate_basis,
     expected_basis,
+    expected_basis_by_width,
     fit_positions,
     kl_to_sigma0,
     linear_samples,
@@ -51,6 +52,44 @@ def test_expected_basis_equals_numerical_integration():
         closed = expected_basis(torch.tensor(mu, dtype=torch.float64), torch.tensor(var, dtype=torch.float64),
                                 mu_N, sig_N)
         assert_close(closed, numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_basis,widths", [(1024, (0.01, 0.05)), (12, (0.01, 0.05, 0.1)), (8, (0.02,))])
+def test_expected_basis_by_width_is_bit_identical(n_basis, widths):
+    """The evaluation form (normaliser and squared distance once per width and centre) gives exactly the numbers of
+    `expected_basis` over the full basis, in the layout of `rbf_centres`."""
+    g = torch.Generator().manual_seed(0)
+    mu = torch.rand(2, 3, 5, generator=g)
+    var = torch.rand(2, 3, 5, generator=g) * 0.1 + 1e-6
+    mu_N, sig_N = (x.float() for x in rbf_centres(n_basis, widths))
+    w = len(widths)
+    fast = expected_basis_by_width(mu, var, mu_N[::w], sig_N[:w])
+    assert fast.shape == (2, 3, 5, n_basis)
+    assert torch.equal(fast, expected_basis(mu, var, mu_N, sig_N))
+
+
+def test_ltm_evaluation_takes_the_by_width_form_with_the_same_output(monkeypatch):
+    """Without gradients the LTM's attention uses `expected_basis_by_width`, with the output of the training form;
+    the fixed-point ψ (linear samples, fitted positions) is computed once and equals ψ evaluated afresh."""
+    import papers.infinity_former.ltm as ltm_mod
+
+    torch.manual_seed(0)
+    ltm = ContinuousLTM(d_model=16, n_head=2, d_head=8, cfg=LTMConfig(n_basis=16, n_samples=6))
+    coef, _ = ltm.update(None, torch.randn(2, 10, 16))
+    coef, err = ltm.update(coef, torch.randn(2, 10, 16), with_error=True)
+    assert torch.equal(ltm.basis_at("samples", 6, 0, "cpu"),
+                       evaluate_basis(linear_samples(6).float(), ltm.basis_mu, ltm.basis_sigma))
+    assert torch.equal(ltm.basis_at("update", 6, 10, "cpu"),
+                       evaluate_basis(update_positions(6, 10, ltm.cfg.tau).float(), ltm.basis_mu, ltm.basis_sigma))
+    q = torch.randn(2, 2, 4, 8)
+    with torch.enable_grad():
+        train_form = ltm.attend(q.requires_grad_(), coef)[0].detach()
+    calls = []
+    monkeypatch.setattr(ltm_mod, "expected_basis_by_width",
+                        lambda *a, f=ltm_mod.expected_basis_by_width: calls.append(1) or f(*a))
+    with torch.inference_mode():
+        eval_form = ltm.attend(q.detach(), coef)[0]
+    assert calls and torch.equal(eval_form, train_form)
 
 
 def test_bin_mass_equals_numerical_integration_and_kl_formula():

@@ -143,6 +143,17 @@ def expected_basis(mu: torch.Tensor, var: torch.Tensor, mu_N: torch.Tensor, sigm
     return gaussian(mu[..., None], mu_N, var[..., None] + sigma_N**2)
 
 
+def expected_basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor, widths_W: torch.Tensor
+                            ) -> torch.Tensor:
+    """`expected_basis` for the basis of `rbf_centres` (N = C·W, function c·W + w has centre c and width w), the
+    same numbers bit for bit from the C distinct centres and the W distinct widths: (μ − μ_c)² and the normaliser
+    √(2π(σ² + σ_w²)) are computed once each, not once per function, and only the division, exp and division run
+    over all N. Its gradient would sum the same terms in another order, so training keeps `expected_basis`."""
+    d = -0.5 * (mu[..., None] - centres_C) ** 2  # (…, C)
+    v = var[..., None] + widths_W**2  # (…, W)
+    return (torch.exp(d[..., :, None] / v[..., None, :]) / torch.sqrt(2 * math.pi * v)[..., None, :]).flatten(-2)
+
+
 def pad_positions(n: int, *, n_old: int = 0, grid: Literal["official", "ours"] = "ours"
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The zero-signal pad points (left of 0, right of 1) of a regression over n positions, n_old of which are old
@@ -288,6 +299,10 @@ class ContinuousLTM(nn.Module):
         mu_N, sigma_N = rbf_centres(cfg.n_basis, cfg.widths)
         self.register_buffer("basis_mu", mu_N.float(), persistent=False)
         self.register_buffer("basis_sigma", sigma_N.float(), persistent=False)
+        # the same values, once each (`expected_basis_by_width`)
+        self.register_buffer("basis_centres", mu_N[:: len(cfg.widths)].float(), persistent=False)
+        self.register_buffer("basis_widths", sigma_N[: len(cfg.widths)].float(), persistent=False)
+        self._psi: dict[tuple, torch.Tensor] = {}  # ψ at fixed points (`basis_at`)
         self._G: dict[tuple, torch.Tensor] = {}  # ridge matrices per geometry (positions depend only on sizes)
 
     # ----------------------------------------------------------------------------------------- regression
@@ -309,6 +324,20 @@ class ContinuousLTM(nn.Module):
                     _SHARED_G[shared] = self._build_G(kind, n_old, n_new, device)
             self._G[key] = _SHARED_G[shared]
         return self._G[key]
+
+    def basis_at(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
+        """ψ (P, N) at positions that depend only on sizes, computed once: the linear sample points of an update
+        (`kind="samples"`, n_old of them) or the fitted positions of a first fit or an update (`"fit"`,
+        `"update"`; the evaluation's reconstruction error). The same numbers as evaluating ψ at every step."""
+        key = (kind, n_old, n_new, str(device))
+        if key not in self._psi:
+            if kind == "samples":
+                pos = linear_samples(n_old)
+            else:
+                pos = fit_positions(n_new) if kind == "fit" else update_positions(n_old, n_new, self.cfg.tau)
+            with torch.inference_mode(False), torch.no_grad():  # reusable by training after evaluation
+                self._psi[key] = evaluate_basis(pos.float().to(device), self.basis_mu, self.basis_sigma)
+        return self._psi[key]
 
     def _build_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
         pos = fit_positions(n_new) if kind == "fit" else update_positions(n_old, n_new, self.cfg.tau)
@@ -342,8 +371,11 @@ class ContinuousLTM(nn.Module):
                 G = self.ridge_G("fit", 0, p, x.device)
                 X = x
             else:
-                t_BM = self.sample_points(b, hist_BK, x.device)
-                psi_BMN = evaluate_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
+                if self.cfg.sampling == "sticky" and hist_BK is not None and hist_BK.shape[-1]:
+                    t_BM = self.sample_points(b, hist_BK, x.device)
+                    psi_BMN = evaluate_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
+                else:  # linear sample points: ψ at them is a constant of the geometry
+                    psi_BMN = self.basis_at("samples", self.cfg.n_samples, 0, x.device).expand(b, -1, -1)
                 past_BMD = psi_BMN @ coef_BND.detach().float()  # X̄(t_m), read before contraction
                 G = self.ridge_G("update", self.cfg.n_samples, p, x.device)
                 X = torch.cat([past_BMD, x], dim=1)  # the old samples go to [0, τ], the new ones to ]τ, 1]
@@ -351,8 +383,7 @@ class ContinuousLTM(nn.Module):
             if not with_error:
                 return coef, None
             n_old = X.shape[1] - p
-            pos = (fit_positions(p) if n_old == 0 else update_positions(n_old, p, self.cfg.tau)).float().to(x.device)
-            recon = evaluate_basis(pos, self.basis_mu, self.basis_sigma) @ coef  # (B, P_all, D)
+            recon = self.basis_at("fit" if n_old == 0 else "update", n_old, p, x.device) @ coef  # (B, P_all, D)
             err = ((recon - X) ** 2).sum((1, 2)) / (X**2).sum((1, 2)).clamp(min=1e-12)
             return coef, err.mean()
 
@@ -368,7 +399,10 @@ class ContinuousLTM(nn.Module):
             scores_BHTN = (q_BHTE.float() / math.sqrt(e)) @ k_BHNE.transpose(-1, -2)
             mu = torch.sigmoid(self.mu_net(scores_BHTN)).squeeze(-1)
             var = F.softplus(self.var_net(scores_BHTN)).squeeze(-1).clamp(min=self.cfg.min_var)
-            r_BHTN = expected_basis(mu, var, self.basis_mu, self.basis_sigma)
+            if torch.is_grad_enabled() and (mu.requires_grad or var.requires_grad):
+                r_BHTN = expected_basis(mu, var, self.basis_mu, self.basis_sigma)
+            else:  # evaluation: the same numbers in a third of the passes over (B, H, T, N)
+                r_BHTN = expected_basis_by_width(mu, var, self.basis_centres, self.basis_widths)
             z_BHTE = r_BHTN @ v_BHNE  # Vᵀ E_p[ψ]
             out = self.out(z_BHTE.transpose(1, 2).reshape(b, t, h * e))
         return out, mu, var
