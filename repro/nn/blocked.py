@@ -6,9 +6,14 @@ The attention's scores are a (B, H, T, K) tensor; written as whole-tensor steps 
 many again. The output logits under bf16 take their cross-entropy in float32 the same way. Here each block of rows
 (`BLOCK` float32 elements, 1 MB, a core's cache) goes through the same kernels while it is in cache; under bf16 the
 backward pass recomputes the float32 block from the saved input instead of keeping a float32 copy of the whole
-tensor. Rows are independent and the additions elementwise, so any blocking gives the same numbers and gradients
-as the whole tensor (tests/test_attention.py: both functions, and the whole attention in float32 and under bf16
-autocast).
+tensor. Rows are independent and the additions elementwise, so blocking gives the same numbers and gradients as
+the whole tensor (tests/test_attention.py: both functions, and the whole attention in float32 and under bf16
+autocast; checked bit for bit at the 41M, small and tiny shapes). One caveat is PyTorch's, not the blocking's: at
+row widths that are not a multiple of the vector width its float32 softmax backward can differ in the last bit
+with how rows are split among threads (the whole tensor on 1 thread against 2), so there a block's rows can
+differ as the whole tensor's differ between thread counts. bf16 softmax runs directly (its kernel computes in
+float32 and rounds once: the numbers of the float32 softmax converted); float16's does not match at every width
+and keeps the conversion.
 
 Measured (2 cores, torch 2.13, forward + backward): the 2 × 8 × 512 × 1024 attention scores of the 41M enwik8
 model, softmax alone, 54 → 15 ms in bf16 (AMD EPYC); bias, mask and softmax together 48 → 42 ms in bf16 (Intel
@@ -80,9 +85,10 @@ class _MaskedSoftmax(torch.autograd.Function):
             if b3 is not None:
                 blk.add_(b3[b0:b1, t0:t1])
             blk.add_(neg[t0:t1])
-            if low:
+            if scores.dtype == torch.float16:
                 o3[b0:b1, t0:t1].copy_(torch.softmax(blk.float(), dim=-1))
-            else:
+            else:  # float32; bf16: its kernel computes in float32 and rounds once, the numbers of
+                # softmax(blk.float()).to(bf16) (tests/test_attention.py; not so for float16 at some widths)
                 torch.softmax(blk, dim=-1, out=o3[b0:b1, t0:t1])
         ctx.low, ctx.has_bias = low, bias is not None
         ctx.save_for_backward(scores if low else out)
