@@ -53,7 +53,3 @@ def keep_freed_memory() -> bool:
     _applied = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _applied
 
-
-def in_force() -> bool:
-    """Whether `keep_freed_memory()` has been applied in this process (records name it with the hardware)."""
-    return _applied

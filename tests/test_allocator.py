@@ -1,5 +1,6 @@
-"""`repro.allocator`: with the policy applied, a freed large tensor stays in the process (glibc's own statistics
-say so) and the next one reuses it; REPRO_MALLOC=system leaves glibc's default. Each case in a fresh process (Linux with glibc, as CI)."""
+"""`repro.allocator`: with the policy applied, a large tensor comes from the heap and stays there when freed, for
+the next step to reuse (glibc's own statistics say so); REPRO_MALLOC=system leaves glibc's default (a fresh mmap,
+given back). Each case in a fresh process (Linux with glibc, as CI)."""
 
 import subprocess
 import sys

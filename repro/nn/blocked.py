@@ -42,7 +42,8 @@ def handles(scores: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def masked_softmax(scores_BHTK: torch.Tensor, bias_BHTK: torch.Tensor | None, mask_TK: torch.Tensor) -> torch.Tensor:
-    """Attention probabilities (`mask_TK` (T, K), True where forbidden), the numbers of the whole-tensor form bit for bit, in row blocks:
+    """Attention probabilities (`mask_TK` (T, K), True where forbidden): the numbers of the whole-tensor form, bit
+    for bit, in row blocks:
 
         scores.add_(bias).add_(zeros(T, K).masked_fill_(mask, −inf))
         float32 scores: torch.softmax(scores, −1);  bf16/fp16: torch.softmax(scores, −1, dtype=float32).to(dtype)
