@@ -32,3 +32,19 @@ def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, tmp_pa
 
     with pytest.raises(SystemExit, match="has no pytorch/mem_transformer.py"):
         importlib.import_module(module)._official(tmp_path)
+
+
+def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
+    """`interleaved_processes` (`bench-txl-authors`): every code is timed in every round, each in its own spawned
+    process, and `repro.allocator`'s policy is in force in exactly the processes asked for (both codes are ours
+    here, so that no checkout is needed)."""
+    from papers.transformer_xl.bench_authors import interleaved_processes
+
+    speeds, params, policy = interleaved_processes({"plain": ("ours", False), "kept": ("ours", True)}, None, SHAPE,
+                                                   mode="train", precision="32", rounds=2, steps=2, warmup=1,
+                                                   threads=1)
+    assert {k: len(v) for k, v in speeds.items()} == {"plain": 2, "kept": 2}
+    assert all(v > 0 for vs in speeds.values() for v in vs)
+    expected = sum(p.numel() for p in _Ours(SHAPE, "train").model.parameters())
+    assert params == {"plain": expected, "kept": expected}
+    assert policy == {"plain": False, "kept": True}

@@ -152,64 +152,67 @@ def _build(which: str, checkout: Path, s: dict, mode: str):
     return _Theirs(_official(checkout), s, mode) if which == "theirs" else _Ours(s, mode)
 
 
-def _serve(conn, which: str, checkout: Path, s: dict, mode: str, precision: str, steps: int, warmup: int,
+def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precision: str, steps: int, warmup: int,
            threads: int, keep_freed: bool) -> None:
-    """One code in its own process: built once, then timed whenever the parent asks (None ends it)."""
+    """One code in its own process: built once, then timed whenever the parent asks (None ends it). Its first
+    message is (parameter count, whether `repro.allocator`'s policy is in force)."""
+    applied = False
     if keep_freed:
         from repro.allocator import keep_freed_memory  # noqa: PLC0415
 
-        keep_freed_memory()
+        applied = keep_freed_memory()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     code = _build(which, checkout, s, mode)
     stream = token_stream(s, warmup + steps)
-    conn.send(sum(p.numel() for p in code.model.parameters()))
+    conn.send((sum(p.numel() for p in code.model.parameters()), applied))
     while conn.recv() is not None:
         conn.send(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
 
 
-def interleaved_processes(checkout: Path, s: dict, *, mode: str, precision: str, rounds: int, steps: int,
-                          warmup: int, threads: int, same_allocator: bool = False) -> tuple[dict, dict]:
-    """Tokens/s of both codes in every round, taking turns, each in its own process: ours with the allocator
-    policy `repro` runs it with (`repro.allocator`), theirs with the C library's default as their `train.py` runs
-    (or, `same_allocator`, with ours). Returns (speeds, parameter counts)."""
+def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | None, s: dict, *, mode: str,
+                          precision: str, rounds: int, steps: int, warmup: int, threads: int
+                          ) -> tuple[dict, dict, dict]:
+    """Tokens/s of every code in every round, taking turns, each in its own (spawned) process. `codes`: name →
+    (`"theirs"` or `"ours"`, whether the process keeps freed memory as `repro` does, `repro.allocator`). Returns
+    (speeds, parameter counts, whether each process had the allocator policy in force)."""
     import multiprocessing as mp  # noqa: PLC0415
 
     ctx = mp.get_context("spawn")
-    procs, conns, params = {}, {}, {}
-    for which in ("theirs", "ours"):
+    procs, conns, params, policy = {}, {}, {}, {}
+    for name, (which, keep) in codes.items():
         parent, child = ctx.Pipe()
-        keep = which == "ours" or same_allocator
-        procs[which] = ctx.Process(target=_serve, args=(child, which, checkout, s, mode, precision, steps, warmup,
-                                                         threads, keep), daemon=True)
-        procs[which].start()
-        conns[which] = parent
+        procs[name] = ctx.Process(target=_serve, args=(child, which, checkout, s, mode, precision, steps, warmup,
+                                                       threads, keep), daemon=True)
+        procs[name].start()
+        conns[name] = parent
     try:
-        for which, conn in conns.items():
-            params[which] = conn.recv()
+        for name, conn in conns.items():
+            params[name], policy[name] = conn.recv()
         speeds: dict[str, list[float]] = {name: [] for name in conns}
         for _ in range(rounds):
-            for which, conn in conns.items():
+            for name, conn in conns.items():
                 conn.send("time")
-                speeds[which].append(conn.recv())
+                speeds[name].append(conn.recv())
     finally:
-        for which, conn in conns.items():
-            conn.send(None)
-            procs[which].join(timeout=30)
-    return speeds, params
+        for name, conn in conns.items():
+            if procs[name].is_alive():
+                conn.send(None)
+            procs[name].join(timeout=30)
+    return speeds, params, policy
 
 
 def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
         threads: int, same_allocator: bool = False) -> dict:
     s = SHAPES[shape]
     _official(checkout)  # a bad checkout fails here, in one line, before any process starts
-    speeds, params = interleaved_processes(checkout, s, mode=mode, precision=precision, rounds=rounds, steps=steps,
-                                           warmup=warmup, threads=threads, same_allocator=same_allocator)
+    codes = {"theirs": ("theirs", same_allocator), "ours": ("ours", True)}  # theirs as their train.py runs
+    speeds, params, policy = interleaved_processes(codes, checkout, s, mode=mode, precision=precision, rounds=rounds,
+                                                   steps=steps, warmup=warmup, threads=threads)
     ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
     return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
-            "allocator": {"ours": "repro (freed blocks kept)",
-                          "theirs": "repro (freed blocks kept)" if same_allocator else "C library default"},
+            "allocator": {k: "repro (freed memory kept)" if v else "C library default" for k, v in policy.items()},
             "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in speeds.items()},
             "ratio": [round(r, 3) for r in ratios], "ratio_median": round(statistics.median(ratios), 3),
             "parameters": params, "torch": torch.__version__}
