@@ -7,7 +7,9 @@ and zero-filling for it (a 2 × 8 × 512 × 1024 float32 attention score tensor 
 fresh, 0.6 ms to overwrite). `keep_freed_memory()` turns glibc's direct mmaps off and its trimming of the heap
 off (`mallopt(M_MMAP_MAX, 0)`, `mallopt(M_TRIM_THRESHOLD, 1 GiB)`), so that freed blocks are reused by the next
 step. Arithmetic is untouched: every result is bit for bit the same. The cost: the process keeps its peak memory
-until it exits (as PyTorch's CUDA caching allocator does on a GPU).
+until it exits (as PyTorch's CUDA caching allocator does on a GPU); for the 41M model below, three epochs of 8
+training segments, each followed by evaluation at another batch size, held 2.50 GB resident throughout, against
+2.37–2.41 GB (peak 2.44) with glibc's default: no growth from phase to phase.
 
 Measured (2 cores of an Intel Xeon with AMX, torch 2.13, 41M Transformer-XL at batch 2 × 512, memory 512,
 training): float32 407–445 → 488–506 tokens/s, bf16 851–887 → 901–916 tokens/s.
