@@ -352,10 +352,14 @@ class ContinuousLTM(nn.Module):
         x_BDP = x_BPD.transpose(1, 2)
         return (torch.sigmoid(self.gate(x_BDP)) * x_BDP).transpose(1, 2)
 
+    def _sticky(self, hist_BK: torch.Tensor | None) -> bool:
+        """Whether an update draws its sample points from a histogram (else they are linear, a constant)."""
+        return self.cfg.sampling == "sticky" and hist_BK is not None and bool(hist_BK.shape[-1])
+
     def sample_points(self, b: int, hist_BK: torch.Tensor | None, device) -> torch.Tensor:
         """(B, M) points at which the old signal is read: linear, or drawn from the sticky histogram."""
         m = self.cfg.n_samples
-        if self.cfg.sampling == "sticky" and hist_BK is not None and hist_BK.shape[-1]:
+        if self._sticky(hist_BK):
             return sticky_samples(hist_BK.to(device), m)
         return linear_samples(m).to(device).expand(b, m)
 
@@ -371,7 +375,7 @@ class ContinuousLTM(nn.Module):
                 G = self.ridge_G("fit", 0, p, x.device)
                 X = x
             else:
-                if self.cfg.sampling == "sticky" and hist_BK is not None and hist_BK.shape[-1]:
+                if self._sticky(hist_BK):
                     t_BM = self.sample_points(b, hist_BK, x.device)
                     psi_BMN = evaluate_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
                 else:  # linear sample points: ψ at them is a constant of the geometry
