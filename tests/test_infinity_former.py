@@ -12,7 +12,9 @@ from papers.infinity_former.ltm import (
     LTMConfig,
     attention_histogram,
     bin_mass,
+    continuous_read,
     evaluate_basis,
+    exp_flushed,
     expected_basis,
     expected_basis_by_width,
     fit_positions,
@@ -20,6 +22,7 @@ from papers.infinity_former.ltm import (
     linear_samples,
     pad_positions,
     rbf_centres,
+    read_basis,
     ridge_matrix,
     sticky_samples,
     update_positions,
@@ -55,41 +58,109 @@ def test_expected_basis_equals_numerical_integration():
 
 
 @pytest.mark.parametrize("n_basis,widths", [(1024, (0.01, 0.05)), (12, (0.01, 0.05, 0.1)), (8, (0.02,))])
-def test_expected_basis_by_width_is_bit_identical(n_basis, widths):
-    """The evaluation form (normaliser and squared distance once per width and centre) gives exactly the numbers of
-    `expected_basis` over the full basis, in the layout of `rbf_centres`."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_expected_basis_by_width_matches_the_full_basis(n_basis, widths, dtype):
+    """The form from distinct centres and widths gives `expected_basis`'s values over the full basis, in the layout
+    of `rbf_centres`, to rounding; values below ≈ 1e−30 are exactly 0 (`exp_flushed`)."""
     g = torch.Generator().manual_seed(0)
-    mu = torch.rand(2, 3, 5, generator=g)
-    var = torch.rand(2, 3, 5, generator=g) * 0.1 + 1e-6
-    mu_N, sig_N = (x.float() for x in rbf_centres(n_basis, widths))
+    mu = torch.rand(2, 3, 5, generator=g, dtype=dtype)
+    var = torch.rand(2, 3, 5, generator=g, dtype=dtype) * 0.1 + 1e-6
+    mu_N, sig_N = (x.to(dtype) for x in rbf_centres(n_basis, widths))
     w = len(widths)
     fast = expected_basis_by_width(mu, var, mu_N[::w], sig_N[:w])
+    ref = expected_basis(mu, var, mu_N, sig_N)
     assert fast.shape == (2, 3, 5, n_basis)
-    assert torch.equal(fast, expected_basis(mu, var, mu_N, sig_N))
+    assert_close(fast, ref, rtol=2e-5 if dtype == torch.float32 else 1e-12, atol=1.2e-30)
+    assert torch.all((fast == 0) == (ref < 1e-30) | (fast == 0) & (ref < 1.2e-30))
+    assert (ref < 1e-30).any() and (fast > 0).any()
 
 
-def test_ltm_evaluation_takes_the_by_width_form_with_the_same_output(monkeypatch):
-    """Without gradients the LTM's attention uses `expected_basis_by_width`, with the output of the training form;
-    the fixed-point ψ (linear samples, fitted positions) is computed once and equals ψ evaluated afresh."""
+def test_exp_flushed_sets_values_below_1e30_to_zero():
+    x = torch.tensor([0.0, -10.0, -68.9, -69.1, -88.0, -200.0, float("-inf")])
+    out = exp_flushed(x.clone())
+    assert_close(out[:3], torch.exp(x[:3]), rtol=1e-6, atol=0)
+    assert torch.equal(out[3:], torch.zeros(4))
+
+
+def _reference_read(mu, var, v, mu_N, sig_N):
+    return expected_basis(mu, var, mu_N, sig_N) @ v  # autograd through the closed form and a matrix product
+
+
+@pytest.mark.parametrize("block", [1 << 18, 40, 7])  # one block; several head-batches each; slices of one
+def test_continuous_read_equals_autograd_through_the_closed_form(monkeypatch, block):
+    """`continuous_read` (blocked, E_p[ψ] rebuilt in the backward, closed-form gradient) gives the output and the
+    gradients (μ, σ², V) of autograd through `expected_basis(…) @ V`, in float64, for every blocking."""
     import papers.infinity_former.ltm as ltm_mod
 
+    monkeypatch.setattr(ltm_mod, "_READ_BLOCK", block)
+    g = torch.Generator().manual_seed(1)
+    mu_N, sig_N = rbf_centres(24, (0.01, 0.05, 0.1))
+    mu = torch.rand(2, 3, 9, generator=g, dtype=torch.float64).requires_grad_()
+    var = (torch.rand(2, 3, 9, generator=g, dtype=torch.float64) * 0.02 + 1e-4).requires_grad_()
+    v = torch.randn(2, 3, 24, 5, generator=g, dtype=torch.float64).requires_grad_()
+    gz = torch.randn(2, 3, 9, 5, generator=g, dtype=torch.float64)
+    z = continuous_read(mu, var, v, mu_N[::3], sig_N[:3])
+    ref = _reference_read(mu, var, v, mu_N, sig_N)
+    assert_close(z, ref, rtol=1e-12, atol=1e-12)
+    ours = torch.autograd.grad((z * gz).sum(), (mu, var, v))
+    theirs = torch.autograd.grad((ref * gz).sum(), (mu, var, v))
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # the gradients are large against the tolerance: a wrong term of the closed form could not hide
+    assert min(float(t.abs().max()) for t in theirs) > 1.0
+    assert torch.autograd.gradcheck(lambda a, b, c: continuous_read(a, b, c, mu_N[::3], sig_N[:3]),
+                                    (mu, (var.detach() + 5e-3).requires_grad_(), v))
+
+
+def test_ltm_attention_reads_mu_and_var_through_the_weights_as_the_scores_form():
+    """μ and σ² as q·W_K(Bᵀw)/√E equal the paper's affine maps of the scores K q/√E (Eq. 8–9, the official code):
+    output, μ, σ² and every gradient (queries, coefficients, all weights) to float32 rounding."""
+    torch.manual_seed(0)
+    ltm = ContinuousLTM(d_model=12, n_head=3, d_head=4, cfg=LTMConfig(n_basis=16, n_samples=6))
+    for p in ltm.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    q = torch.randn(2, 3, 7, 4, requires_grad=True)
+    coef = torch.randn(2, 16, 12, requires_grad=True)
+
+    def scores_form():
+        b, h, t, e = q.shape
+        k = ltm.key(coef).view(b, 16, h, e).transpose(1, 2)
+        v = ltm.value(coef).view(b, 16, h, e).transpose(1, 2)
+        scores = (q / math.sqrt(e)) @ k.transpose(-1, -2)
+        mu = torch.sigmoid(ltm.mu_net(scores)).squeeze(-1)
+        var = torch.nn.functional.softplus(ltm.var_net(scores)).squeeze(-1).clamp(min=ltm.cfg.min_var)
+        z = _reference_read(mu, var, v, ltm.basis_mu, ltm.basis_sigma)
+        return ltm.out(z.transpose(1, 2).reshape(b, t, h * e)), mu, var
+
+    ours, theirs = ltm.attend(q, coef), scores_form()
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, rtol=1e-4, atol=1e-5)
+    params = [q, coef, ltm.key.weight, ltm.value.weight, ltm.mu_net.weight, ltm.var_net.weight, ltm.out.weight]
+    go = torch.randn_like(theirs[0])
+    ga = torch.autograd.grad((ours[0] * go).sum() + ours[1].sum() + ours[2].sum(), params)
+    gb = torch.autograd.grad((theirs[0] * go).sum() + theirs[1].sum() + theirs[2].sum(), params)
+    for a, b in zip(ga, gb):
+        assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+def test_ltm_evaluation_has_the_output_of_training_and_cached_psi():
+    """The attention gives the same output with and without gradients; the fixed-point ψ (linear samples, fitted
+    positions) is computed once and equals ψ computed afresh (`read_basis`: `evaluate_basis` to rounding, values
+    whose exponential is below 1e−30 set to 0: below ≈ 1e−28 after the normaliser)."""
     torch.manual_seed(0)
     ltm = ContinuousLTM(d_model=16, n_head=2, d_head=8, cfg=LTMConfig(n_basis=16, n_samples=6))
     coef, _ = ltm.update(None, torch.randn(2, 10, 16))
     coef, err = ltm.update(coef, torch.randn(2, 10, 16), with_error=True)
-    assert torch.equal(ltm.basis_at("samples", 6, 0, "cpu"),
-                       evaluate_basis(linear_samples(6).float(), ltm.basis_mu, ltm.basis_sigma))
-    assert torch.equal(ltm.basis_at("update", 6, 10, "cpu"),
-                       evaluate_basis(update_positions(6, 10, ltm.cfg.tau).float(), ltm.basis_mu, ltm.basis_sigma))
+    for kind, pos in [("samples", linear_samples(6)), ("update", update_positions(6, 10, ltm.cfg.tau))]:
+        cached = ltm.basis_at(kind, 6, 0 if kind == "samples" else 10, "cpu")
+        assert torch.equal(cached, read_basis(pos.float(), ltm.basis_mu, ltm.basis_sigma))
+        assert_close(cached, evaluate_basis(pos.float(), ltm.basis_mu, ltm.basis_sigma), rtol=1e-5, atol=1e-27)
     q = torch.randn(2, 2, 4, 8)
     with torch.enable_grad():
         train_form = ltm.attend(q.requires_grad_(), coef)[0].detach()
-    calls = []
-    monkeypatch.setattr(ltm_mod, "expected_basis_by_width",
-                        lambda *a, f=ltm_mod.expected_basis_by_width: calls.append(1) or f(*a))
     with torch.inference_mode():
         eval_form = ltm.attend(q.detach(), coef)[0]
-    assert calls and torch.equal(eval_form, train_form)
+    assert torch.equal(eval_form, train_form)
 
 
 def test_bin_mass_equals_numerical_integration_and_kl_formula():

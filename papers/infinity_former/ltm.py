@@ -128,6 +128,18 @@ def rbf_centres(n_basis: int, widths: tuple[float, ...]) -> tuple[torch.Tensor, 
     return mu, sigma
 
 
+_EXP_FLOOR = -69.0  # e^−69 ≈ 1e−30: below it the LTM's Gaussian values are taken as 0 (`exp_flushed`)
+
+
+def exp_flushed(arg: torch.Tensor) -> torch.Tensor:
+    """exp(arg) in place, with every value below e^−69 ≈ 1e−30 set to 0. For the Gaussians that the LTM reads its
+    signal with (ψ, E_p[ψ]), whose values fall to nothing a few widths from a centre: float32's exp of an argument
+    below ≈ −88 takes a slow path (≈ 80× slower here), and subnormal values (< 1.2e−38), in the exp's results or in
+    their products with coefficients, slow the matrix products 2–10×. A value below 1e−30 is far below the
+    rounding of any sum it enters (every row also holds values ≥ 1e−3), so the results are the same to rounding."""
+    return torch.threshold_(arg.clamp_(min=_EXP_FLOOR).exp_(), 1.1e-30, 0.0)
+
+
 def gaussian(t: torch.Tensor, mu: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     """N(t; μ, σ²) (broadcasting)."""
     return torch.exp(-0.5 * (t - mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
@@ -138,20 +150,116 @@ def evaluate_basis(t: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -
     return gaussian(t[..., None], mu_N, sigma_N**2)
 
 
+def read_basis(t: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -> torch.Tensor:
+    """ψ(t) as the LTM reads its signal with it (X̄(t) = Bᵀψ(t)): `evaluate_basis` with values whose exponential
+    is below ≈ 1e−30 set to 0 (`exp_flushed`; below ≈ 1e−28 after the normaliser): the same products to rounding without the slow paths (ψ at an update's 1,536 positions
+    times (1024 × 300) coefficients: 34 ms with ψ's subnormal values, 3.5 ms without)."""
+    var = sigma_N**2
+    return exp_flushed(-0.5 * (t[..., None] - mu_N) ** 2 / var) / torch.sqrt(2 * math.pi * var)
+
+
 def expected_basis(mu: torch.Tensor, var: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -> torch.Tensor:
     """E_{N(t; μ, σ²)}[ψ_j(t)] = ∫ N(t; μ, σ²) N(t; μ_j, σ_j²) dt = N(μ; μ_j, σ² + σ_j²), (…, N)."""
     return gaussian(mu[..., None], mu_N, var[..., None] + sigma_N**2)
 
 
-def expected_basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor, widths_W: torch.Tensor
-                            ) -> torch.Tensor:
-    """`expected_basis` for the basis of `rbf_centres` (N = C·W, function c·W + w has centre c and width w), the
-    same numbers bit for bit from the C distinct centres and the W distinct widths: (μ − μ_c)² and the normaliser
-    √(2π(σ² + σ_w²)) are computed once each, not once per function, and only the division, exp and division run
-    over all N. Its gradient would sum the same terms in another order, so training keeps `expected_basis`."""
+def _basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor, widths_W: torch.Tensor
+                    ) -> torch.Tensor:
+    """E_p[ψ] in width-major layout (…, W, C): the function of width w and centre c at [w, c]."""
     d = -0.5 * (mu[..., None] - centres_C) ** 2  # (…, C)
     v = var[..., None] + widths_W**2  # (…, W)
-    return (torch.exp(d[..., :, None] / v[..., None, :]) / torch.sqrt(2 * math.pi * v)[..., None, :]).flatten(-2)
+    shape = (*d.shape[:-1], widths_W.numel(), centres_C.numel())
+    log_norm = (-0.5 * torch.log(2 * math.pi * v))[..., None].expand(shape)
+    arg = torch.baddbmm(log_norm.reshape(-1, *shape[-2:]), v.reciprocal().reshape(-1, shape[-2], 1),
+                        d.reshape(-1, 1, shape[-1]))  # −½(μ − μ_c)²/s_w − ½ log 2πs_w, one outer product per row
+    return exp_flushed(arg).view(shape)
+
+
+def expected_basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor, widths_W: torch.Tensor
+                            ) -> torch.Tensor:
+    """`expected_basis` for the basis of `rbf_centres` (N = C·W, function c·W + w has centre c and width w) from the
+    C distinct centres and the W distinct widths: −½(μ − μ_c)², 1/s_w = 1/(σ² + σ_w²) and the log-normaliser
+    −½ log 2πs_w are computed once each, not once per function; over all N run one outer product plus bias (the
+    exponent) and one exp. The same values as `expected_basis` to float rounding, except that values below ≈ 1e−30
+    are 0 (`exp_flushed`: float32's slow paths for exp and subnormal numbers)."""
+    return _basis_by_width(mu, var, centres_C, widths_W).transpose(-1, -2).flatten(-2)
+
+
+class _ContinuousRead(torch.autograd.Function):
+    """z = E_p[ψ]ᵀ V per query (Eq. 10) for the basis of `rbf_centres`, in blocks of rows that stay in cache.
+
+    The (B, H, T, N) tensor E_p[ψ] is never whole: each block of ≈ `_READ_BLOCK` values is built from the C
+    centres and W widths (`expected_basis_by_width`, width-major: V's rows are reordered to match), multiplied by V
+    at once, and dropped; the backward builds it again block by block. Its gradient is the closed form of the
+    Gaussian's: with a = μ_c − μ and s = σ² + σ_w², ∂r/∂μ = r·a/s and ∂r/∂σ² = r·(a²/s − 1)/(2s), so with
+    g = ∂L/∂r, ∂L/∂μ = Σ_w S₁/s and ∂L/∂σ² = Σ_w (S₂/s − S₀)/(2s), where S_k = Σ_c g·r·a^k (one small product per
+    row). Against autograd through `expected_basis` and a matrix product (≈ 30 passes over (B, H, T, N) in float32,
+    the tensor and its intermediates kept for the backward): 2 passes forward, 5 backward, in cache, and no
+    (B, H, T, N) memory."""
+
+    @staticmethod
+    def forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W):
+        b, h, t = mu_BHT.shape
+        n, e = v_BHNE.shape[-2:]
+        c, w = centres_C.numel(), widths_W.numel()
+        mu, var = mu_BHT.reshape(b * h, t), var_BHT.reshape(b * h, t)
+        v = v_BHNE.reshape(b * h, c, w, e).transpose(1, 2).reshape(b * h, n, e)  # rows width-major
+        z = v.new_empty(b * h, t, e)
+        for i, j, t0, t1 in _read_blocks(b * h, t, n):
+            r = _basis_by_width(mu[i:j, t0:t1], var[i:j, t0:t1], centres_C, widths_W)  # (g, τ, W, C)
+            torch.bmm(r.flatten(-2), v[i:j], out=z[i:j, t0:t1])
+        ctx.save_for_backward(mu_BHT, var_BHT, v, centres_C, widths_W)
+        return z.view(b, h, t, e)
+
+    @staticmethod
+    def backward(ctx, dz_BHTE):
+        mu_BHT, var_BHT, v, centres_C, widths_W = ctx.saved_tensors
+        b, h, t = mu_BHT.shape
+        n, e = v.shape[-2:]
+        c, w = centres_C.numel(), widths_W.numel()
+        mu, var = mu_BHT.reshape(b * h, t), var_BHT.reshape(b * h, t)
+        dz = dz_BHTE.reshape(b * h, t, e).to(v.dtype)
+        dmu, dvar = torch.empty_like(mu), torch.empty_like(var)
+        dv = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
+        for i, j, t0, t1 in _read_blocks(b * h, t, n):
+            m, s = mu[i:j, t0:t1], var[i:j, t0:t1][..., None] + widths_W**2  # (g, τ), (g, τ, W)
+            r = _basis_by_width(m, var[i:j, t0:t1], centres_C, widths_W).flatten(-2)  # (g, τ, N), as the forward
+            if dv is not None:
+                dv[i:j].baddbmm_(r.transpose(1, 2), dz[i:j, t0:t1])
+            gr = torch.bmm(dz[i:j, t0:t1], v[i:j].transpose(1, 2)).mul_(r)  # g·r, (g, τ, N)
+            a = centres_C - m[..., None]  # (g, τ, C)
+            powers = torch.stack([torch.ones_like(a), a, a * a], dim=-1)  # (g, τ, C, 3)
+            S = torch.bmm(gr.view(-1, w, c), powers.view(-1, c, 3)).view(*m.shape, w, 3).unbind(-1)  # S₀, S₁, S₂
+            dmu[i:j, t0:t1] = (S[1] / s).sum(-1)
+            dvar[i:j, t0:t1] = ((S[2] / s - S[0]) / (2 * s)).sum(-1)
+        if dv is not None:  # back to the caller's row order (centre-major)
+            dv = dv.view(b * h, w, c, e).transpose(1, 2).reshape(b, h, n, e)
+        return dmu.view_as(mu_BHT), dvar.view_as(var_BHT), dv, None, None
+
+
+_READ_BLOCK = 1 << 18  # values of E_p[ψ] per block of `_ContinuousRead` (1 MiB in float32)
+
+
+def _read_blocks(bh: int, t: int, n: int):
+    """(i, j, t0, t1): blocks of ≈ `_READ_BLOCK` values over (head-batch, query) rows; several head-batches when a
+    whole one is smaller, else one head-batch's rows in slices."""
+    if t * n <= _READ_BLOCK:
+        g = max(1, _READ_BLOCK // (t * n))
+        for i in range(0, bh, g):
+            yield i, min(i + g, bh), 0, t
+    else:
+        rows = max(1, _READ_BLOCK // n)
+        for i in range(bh):
+            for t0 in range(0, t, rows):
+                yield i, i + 1, t0, min(t0 + rows, t)
+
+
+def continuous_read(mu_BHT: torch.Tensor, var_BHT: torch.Tensor, v_BHNE: torch.Tensor, centres_C: torch.Tensor,
+                    widths_W: torch.Tensor) -> torch.Tensor:
+    """Vᵀ E_p[ψ] (B, H, T, E) for queries' densities N(μ, σ²) (B, H, T) and values V (B, H, N, E) over the basis of
+    `rbf_centres` (its C distinct centres and W widths): `expected_basis(μ, σ², …) @ V` without the (B, H, T, N)
+    tensor (`_ContinuousRead`)."""
+    return _ContinuousRead.apply(mu_BHT, var_BHT, v_BHNE, centres_C, widths_W)
 
 
 def pad_positions(n: int, *, n_old: int = 0, grid: Literal["official", "ours"] = "ours"
@@ -336,7 +444,7 @@ class ContinuousLTM(nn.Module):
             else:
                 pos = fit_positions(n_new) if kind == "fit" else update_positions(n_old, n_new, self.cfg.tau)
             with torch.inference_mode(False), torch.no_grad():  # reusable by training after evaluation
-                self._psi[key] = evaluate_basis(pos.float().to(device), self.basis_mu, self.basis_sigma)
+                self._psi[key] = read_basis(pos.float().to(device), self.basis_mu, self.basis_sigma)
         return self._psi[key]
 
     def _build_G(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
@@ -377,7 +485,7 @@ class ContinuousLTM(nn.Module):
             else:
                 if self._sticky(hist_BK):
                     t_BM = self.sample_points(b, hist_BK, x.device)
-                    psi_BMN = evaluate_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
+                    psi_BMN = read_basis(t_BM.float(), self.basis_mu, self.basis_sigma)
                 else:  # linear sample points: ψ at them is a constant of the geometry
                     psi_BMN = self.basis_at("samples", self.cfg.n_samples, 0, x.device).expand(b, -1, -1)
                 past_BMD = psi_BMN @ coef_BND.detach().float()  # X̄(t_m), read before contraction
@@ -393,21 +501,21 @@ class ContinuousLTM(nn.Module):
 
     # ------------------------------------------------------------------------------------------ attention
     def attend(self, q_BHTE: torch.Tensor, coef_BND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Z_LTM (B, T, D) with the densities' μ and σ² (B, H, T) (Eq. 7–11)."""
+        """Z_LTM (B, T, D) with the densities' μ and σ² (B, H, T) (Eq. 7–11).
+
+        μ and σ² are affine maps w of the scores K q/√E (Eq. 8–9), read here as q·(Kᵀw)/√E with Kᵀw = W_K(Bᵀw):
+        the same numbers to rounding, without the (B, H, T, N) scores or the (B, N, H·E) keys."""
         with torch.autocast(q_BHTE.device.type, enabled=False):
             b, h, t, e = q_BHTE.shape
             n = coef_BND.shape[1]
             coef = coef_BND.float()
-            k_BHNE = self.key(coef).view(b, n, h, e).transpose(1, 2)
+            w_2N = torch.cat([self.mu_net.weight, self.var_net.weight])  # (2, N): the affine maps of μ and σ²
+            kw_BHE2 = self.key(w_2N @ coef).view(b, 2, h, e).permute(0, 2, 3, 1)  # Kᵀw per head
+            logits_BHT2 = (q_BHTE.float() / math.sqrt(e)) @ kw_BHE2
+            mu = torch.sigmoid(logits_BHT2[..., 0])
+            var = F.softplus(logits_BHT2[..., 1]).clamp(min=self.cfg.min_var)
             v_BHNE = self.value(coef).view(b, n, h, e).transpose(1, 2)
-            scores_BHTN = (q_BHTE.float() / math.sqrt(e)) @ k_BHNE.transpose(-1, -2)
-            mu = torch.sigmoid(self.mu_net(scores_BHTN)).squeeze(-1)
-            var = F.softplus(self.var_net(scores_BHTN)).squeeze(-1).clamp(min=self.cfg.min_var)
-            if torch.is_grad_enabled() and (mu.requires_grad or var.requires_grad):
-                r_BHTN = expected_basis(mu, var, self.basis_mu, self.basis_sigma)
-            else:  # evaluation: the same numbers in a third of the passes over (B, H, T, N)
-                r_BHTN = expected_basis_by_width(mu, var, self.basis_centres, self.basis_widths)
-            z_BHTE = r_BHTN @ v_BHNE  # Vᵀ E_p[ψ]
+            z_BHTE = continuous_read(mu, var, v_BHNE, self.basis_centres, self.basis_widths)  # Vᵀ E_p[ψ]
             out = self.out(z_BHTE.transpose(1, 2).reshape(b, t, h * e))
         return out, mu, var
 
