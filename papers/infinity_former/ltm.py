@@ -227,9 +227,11 @@ class _ContinuousRead(torch.autograd.Function):
             if dv is not None:
                 dv[i:j].baddbmm_(r.transpose(1, 2), dz[i:j, t0:t1])
             gr = torch.bmm(dz[i:j, t0:t1], v[i:j].transpose(1, 2)).mul_(r)  # g·r, (g, τ, N)
-            a = centres_C - m[..., None]  # (g, τ, C)
-            powers = torch.stack([torch.ones_like(a), a, a * a], dim=-1)  # (g, τ, C, 3)
-            S = torch.bmm(gr.view(-1, w, c), powers.view(-1, c, 3)).view(*m.shape, w, 3).unbind(-1)  # S₀, S₁, S₂
+            powers = torch.empty(m.numel(), 3, c, dtype=m.dtype, device=m.device)  # rows 1, a, a² per query
+            powers[:, 0].fill_(1)
+            torch.sub(centres_C, m.reshape(-1, 1), out=powers[:, 1])  # a = μ_c − μ
+            torch.mul(powers[:, 1], powers[:, 1], out=powers[:, 2])
+            S = torch.bmm(gr.view(-1, w, c), powers.transpose(1, 2)).view(*m.shape, w, 3).unbind(-1)  # S₀, S₁, S₂
             dmu[i:j, t0:t1] = (S[1] / s).sum(-1)
             dvar[i:j, t0:t1] = ((S[2] / s - S[0]) / (2 * s)).sum(-1)
         if dv is not None:  # back to the caller's row order (centre-major)
@@ -237,7 +239,7 @@ class _ContinuousRead(torch.autograd.Function):
         return dmu.view_as(mu_BHT), dvar.view_as(var_BHT), dv, None, None
 
 
-_READ_BLOCK = 1 << 18  # values of E_p[ψ] per block of `_ContinuousRead` (1 MiB in float32)
+_READ_BLOCK = 1 << 19  # values of E_p[ψ] per block of `_ContinuousRead` (2 MiB in float32)
 
 
 def _read_blocks(bh: int, t: int, n: int):
@@ -491,7 +493,11 @@ class ContinuousLTM(nn.Module):
                 past_BMD = psi_BMN @ coef_BND.detach().float()  # X̄(t_m), read before contraction
                 G = self.ridge_G("update", self.cfg.n_samples, p, x.device)
                 X = torch.cat([past_BMD, x], dim=1)  # the old samples go to [0, τ], the new ones to ]τ, 1]
-            coef = torch.einsum("pn,bpd->bnd", G, X)  # Bᵀ = XᵀG
+            if X is x:
+                coef = G.T @ x  # Bᵀ = XᵀG
+            else:  # the same as G.T @ X, with the gradient taken through the new rows only (the old are constants)
+                m = X.shape[1] - p
+                coef = torch.baddbmm(G[:m].T @ X[:, :m], G[m:].T.expand(b, -1, -1), x)
             if not with_error:
                 return coef, None
             n_old = X.shape[1] - p
