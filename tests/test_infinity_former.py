@@ -112,6 +112,23 @@ def test_continuous_read_equals_autograd_through_the_closed_form(monkeypatch, bl
                                     (mu, (var.detach() + 5e-3).requires_grad_(), v))
 
 
+def test_continuous_read_stays_float32_under_autocast():
+    """Forward and backward inside a bf16 autocast region (Lightning runs the backward inside it) give the float32
+    numbers exactly."""
+    g = torch.Generator().manual_seed(2)
+    mu_N, sig_N = rbf_centres(32, (0.01, 0.05))
+    mu = torch.rand(1, 2, 6, generator=g).requires_grad_()
+    var = (torch.rand(1, 2, 6, generator=g) * 0.02 + 1e-4).requires_grad_()
+    v = torch.randn(1, 2, 32, 4, generator=g).requires_grad_()
+    plain = continuous_read(mu, var, v, mu_N[::2].float(), sig_N[:2].float())
+    grads = torch.autograd.grad(plain.sum(), (mu, var, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = continuous_read(mu, var, v, mu_N[::2].float(), sig_N[:2].float())
+        auto_grads = torch.autograd.grad(auto.sum(), (mu, var, v))
+    assert auto.dtype == torch.float32 and torch.equal(auto, plain)
+    assert all(torch.equal(a, b) for a, b in zip(auto_grads, grads))
+
+
 def test_ltm_attention_reads_mu_and_var_through_the_weights_as_the_scores_form():
     """μ and σ² as q·W_K(Bᵀw)/√E equal the paper's affine maps of the scores K q/√E (Eq. 8–9, the official code):
     output, μ, σ² and every gradient (queries, coefficients, all weights) to float32 rounding."""

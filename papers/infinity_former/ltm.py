@@ -199,6 +199,11 @@ class _ContinuousRead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W):
+        with torch.autocast(mu_BHT.device.type, enabled=False):
+            return _ContinuousRead._forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W)
+
+    @staticmethod
+    def _forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W):
         b, h, t = mu_BHT.shape
         n, e = v_BHNE.shape[-2:]
         c, w = centres_C.numel(), widths_W.numel()
@@ -213,6 +218,12 @@ class _ContinuousRead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dz_BHTE):
+        # float32 as the forward, also when the backward runs inside an autocast region (Lightning's)
+        with torch.autocast(dz_BHTE.device.type, enabled=False):
+            return _ContinuousRead._backward(ctx, dz_BHTE)
+
+    @staticmethod
+    def _backward(ctx, dz_BHTE):
         mu_BHT, var_BHT, v, centres_C, widths_W = ctx.saved_tensors
         b, h, t = mu_BHT.shape
         n, e = v.shape[-2:]
