@@ -168,20 +168,18 @@ def _basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor
     """E_p[ψ] in width-major layout (…, W, C): the function of width w and centre c at [w, c]."""
     d = -0.5 * (mu[..., None] - centres_C) ** 2  # (…, C)
     v = var[..., None] + widths_W**2  # (…, W)
-    shape = (*d.shape[:-1], widths_W.numel(), centres_C.numel())
-    log_norm = (-0.5 * torch.log(2 * math.pi * v))[..., None].expand(shape)
-    arg = torch.baddbmm(log_norm.reshape(-1, *shape[-2:]), v.reciprocal().reshape(-1, shape[-2], 1),
-                        d.reshape(-1, 1, shape[-1]))  # −½(μ − μ_c)²/s_w − ½ log 2πs_w, one outer product per row
-    return exp_flushed(arg).view(shape)
+    log_norm = -0.5 * torch.log(2 * math.pi * v)
+    arg = torch.mul(v.reciprocal()[..., None], d[..., None, :]).add_(log_norm[..., None])  # −½(μ−μ_c)²/s_w − ½log 2πs_w
+    return exp_flushed(arg)
 
 
 def expected_basis_by_width(mu: torch.Tensor, var: torch.Tensor, centres_C: torch.Tensor, widths_W: torch.Tensor
                             ) -> torch.Tensor:
     """`expected_basis` for the basis of `rbf_centres` (N = C·W, function c·W + w has centre c and width w) from the
     C distinct centres and the W distinct widths: −½(μ − μ_c)², 1/s_w = 1/(σ² + σ_w²) and the log-normaliser
-    −½ log 2πs_w are computed once each, not once per function; over all N run one outer product plus bias (the
-    exponent) and one exp. The same values as `expected_basis` to float rounding, except that values below ≈ 1e−30
-    are 0 (`exp_flushed`: float32's slow paths for exp and subnormal numbers)."""
+    −½ log 2πs_w are computed once each, not once per function; over all N run the exponent (an outer product and
+    an addition) and one exp. The same values as `expected_basis` to float rounding, except that values below
+    ≈ 1e−30 are 0 (`exp_flushed`: float32's slow paths for exp and subnormal numbers)."""
     return _basis_by_width(mu, var, centres_C, widths_W).transpose(-1, -2).flatten(-2)
 
 
