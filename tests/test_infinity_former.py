@@ -112,6 +112,20 @@ def test_continuous_read_equals_autograd_through_the_closed_form(monkeypatch, bl
                                     (mu, (var.detach() + 5e-3).requires_grad_(), v))
 
 
+def test_read_blocks_cover_every_row_once_and_are_large_on_an_accelerator():
+    from papers.infinity_former.ltm import _read_blocks
+
+    for bh, t, n in [(48, 1024, 1024), (32, 64, 64), (5, 7, 300000)]:
+        for dev in ("cpu", "meta"):
+            seen = torch.zeros(bh, t, dtype=torch.int64)
+            blocks = list(_read_blocks(bh, t, n, dev))
+            for i, j, t0, t1 in blocks:
+                seen[i:j, t0:t1] += 1
+            assert torch.all(seen == 1)
+    assert len(list(_read_blocks(48, 1024, 1024, "cpu"))) == 96  # 2 MiB blocks on a CPU
+    assert len(list(_read_blocks(48, 1024, 1024, "meta"))) == 1  # one kernel's worth elsewhere
+
+
 def test_continuous_read_stays_float32_under_autocast():
     """Forward and backward inside a bf16 autocast region (Lightning runs the backward inside it) give the float32
     numbers exactly."""

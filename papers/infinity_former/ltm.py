@@ -45,6 +45,10 @@ Deviations from the official code (see papers/infinity_former/README.md):
   correct KL divergence.
 - The regression and the continuous attention run in float32 even under bf16 autocast (G has entries of both
   signs and the fit is a long sum: bf16 would lose it).
+- The continuous attention computes the same functions in another order (`ContinuousLTM.attend`,
+  `continuous_read`): μ and σ² through q·W_K(Bᵀw) instead of affine maps of the (B, H, T, N) scores, Vᵀ E_p[ψ] in
+  cache-sized blocks with a closed-form gradient, and Gaussian values whose exponential is below 1e−30 set to 0
+  (`exp_flushed`); the official order differs from ours by float rounding (README, deviations).
 - The update's padding grid (`grid`): the official G for the update (M + P positions) takes its pads from
   linspace(−½ + s, 3/2 − s, 2(M + P)) with s = 1/(2P + M) (`grid: official`, the paper configs): (M + P)/2 pads on
   each side, 0.26–0.45 of a spacing from the boundary. `grid: ours` (the default) applies the official first-fit
@@ -208,7 +212,7 @@ class _ContinuousRead(torch.autograd.Function):
         mu, var = mu_BHT.reshape(b * h, t), var_BHT.reshape(b * h, t)
         v = v_BHNE.reshape(b * h, c, w, e).transpose(1, 2).reshape(b * h, n, e)  # rows width-major
         z = v.new_empty(b * h, t, e)
-        for i, j, t0, t1 in _read_blocks(b * h, t, n):
+        for i, j, t0, t1 in _read_blocks(b * h, t, n, mu.device):
             r = _basis_by_width(mu[i:j, t0:t1], var[i:j, t0:t1], centres_C, widths_W)  # (g, τ, W, C)
             torch.bmm(r.flatten(-2), v[i:j], out=z[i:j, t0:t1])
         ctx.save_for_backward(mu_BHT, var_BHT, v, centres_C, widths_W)
@@ -230,7 +234,7 @@ class _ContinuousRead(torch.autograd.Function):
         dz = dz_BHTE.reshape(b * h, t, e).to(v.dtype)
         dmu, dvar = torch.empty_like(mu), torch.empty_like(var)
         dv = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        for i, j, t0, t1 in _read_blocks(b * h, t, n):
+        for i, j, t0, t1 in _read_blocks(b * h, t, n, mu.device):
             m, s = mu[i:j, t0:t1], var[i:j, t0:t1][..., None] + widths_W**2  # (g, τ), (g, τ, W)
             r = _basis_by_width(m, var[i:j, t0:t1], centres_C, widths_W).flatten(-2)  # (g, τ, N), as the forward
             if dv is not None:
@@ -248,18 +252,20 @@ class _ContinuousRead(torch.autograd.Function):
         return dmu.view_as(mu_BHT), dvar.view_as(var_BHT), dv, None, None
 
 
-_READ_BLOCK = 1 << 19  # values of E_p[ψ] per block of `_ContinuousRead` (2 MiB in float32)
+_READ_BLOCK = 1 << 19  # values of E_p[ψ] per block of `_ContinuousRead` on a CPU (2 MiB in float32: cache-sized)
+_READ_BLOCK_ACCELERATOR = 1 << 26  # on a GPU (256 MiB): a few large kernels, not thousands of small launches
 
 
-def _read_blocks(bh: int, t: int, n: int):
-    """(i, j, t0, t1): blocks of ≈ `_READ_BLOCK` values over (head-batch, query) rows; several head-batches when a
-    whole one is smaller, else one head-batch's rows in slices."""
-    if t * n <= _READ_BLOCK:
-        g = max(1, _READ_BLOCK // (t * n))
+def _read_blocks(bh: int, t: int, n: int, device: torch.device | str = "cpu"):
+    """(i, j, t0, t1): blocks of ≈ `_READ_BLOCK` values (`_READ_BLOCK_ACCELERATOR` off the CPU) over (head-batch,
+    query) rows; several head-batches when a whole one is smaller, else one head-batch's rows in slices."""
+    block = _READ_BLOCK if torch.device(device).type == "cpu" else _READ_BLOCK_ACCELERATOR
+    if t * n <= block:
+        g = max(1, block // (t * n))
         for i in range(0, bh, g):
             yield i, min(i + g, bh), 0, t
     else:
-        rows = max(1, _READ_BLOCK // n)
+        rows = max(1, block // n)
         for i in range(bh):
             for t0 in range(0, t, rows):
                 yield i, i + 1, t0, min(t0 + rows, t)
