@@ -156,8 +156,9 @@ def evaluate_basis(t: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -
 
 def read_basis(t: torch.Tensor, mu_N: torch.Tensor, sigma_N: torch.Tensor) -> torch.Tensor:
     """ψ(t) as the LTM reads its signal with it (X̄(t) = Bᵀψ(t)): `evaluate_basis` with values whose exponential
-    is below ≈ 1e−30 set to 0 (`exp_flushed`; below ≈ 1e−28 after the normaliser): the same products to rounding without the slow paths (ψ at an update's 1,536 positions
-    times (1024 × 300) coefficients: 34 ms with ψ's subnormal values, 3.5 ms without)."""
+    is below ≈ 1e−30 set to 0 (`exp_flushed`; below ≈ 1e−28 after the normaliser): the same products to rounding
+    without the slow paths (ψ at an update's 1,536 positions times (1024 × 300) coefficients: 34 ms with ψ's
+    subnormal values, 3.5 ms without)."""
     var = sigma_N**2
     return exp_flushed(-0.5 * (t[..., None] - mu_N) ** 2 / var) / torch.sqrt(2 * math.pi * var)
 
@@ -196,8 +197,8 @@ class _ContinuousRead(torch.autograd.Function):
     Gaussian's: with a = μ_c − μ and s = σ² + σ_w², ∂r/∂μ = r·a/s and ∂r/∂σ² = r·(a²/s − 1)/(2s), so with
     g = ∂L/∂r, ∂L/∂μ = Σ_w S₁/s and ∂L/∂σ² = Σ_w (S₂/s − S₀)/(2s), where S_k = Σ_c g·r·a^k (one small product per
     row). Against autograd through `expected_basis` and a matrix product (≈ 30 passes over (B, H, T, N) in float32,
-    the tensor and its intermediates kept for the backward): 2 passes forward, 5 backward, in cache, and no
-    (B, H, T, N) memory."""
+    the tensor and its intermediates kept for the backward): 5 elementwise passes per block forward (exponent,
+    exp, flush) and 6 backward (the same, and g·r), each over a block in cache, and no (B, H, T, N) memory."""
 
     @staticmethod
     def forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W):
