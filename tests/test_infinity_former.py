@@ -354,7 +354,12 @@ def test_ltm_memory_layout_and_what_enters_the_long_term_memory():
         _, mems = model(tokens[:, 8:16], mems, mem_len=8)  # the first 8 positions leave the STM
         assert mems[2].shape == (2, 8, 16) and mems[4].shape == (2, 0, 16)
         stm_inputs = mems[0].clone()
-        _, mems = model(tokens[:, 16:24], mems, mem_len=8)  # they enter the LTM; the next 8 wait
+        _, plain = model(tokens[:, 16:24], mems, mem_len=8)  # an evaluation pass does only the model's work
+        assert "regression_error" not in model.diagnostics() and "ltm_kl" in model.diagnostics()
+        with model.measuring_fit():  # the evaluation that reports the fit's error (Figure 3 right) asks for it
+            _, mems = model(tokens[:, 16:24], mems, mem_len=8)  # they enter the LTM; the next 8 wait
+        assert all(torch.equal(a, b) for a, b in zip(plain, mems))
+        assert not any(m.measure_fit for m in model.modules() if hasattr(m, "measure_fit"))
         assert mems[4].shape == (2, 16, 16) and mems[6].shape == (2, 4)
         assert torch.equal(mems[2], stm_inputs)
         assert "regression_error" in model.diagnostics() and "ltm_kl" in model.diagnostics()

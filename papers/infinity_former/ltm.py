@@ -429,6 +429,10 @@ class ContinuousLTM(nn.Module):
         self.register_buffer("basis_centres", mu_N[:: len(cfg.widths)].float(), persistent=False)
         self.register_buffer("basis_widths", sigma_N[: len(cfg.widths)].float(), persistent=False)
         self._psi: dict[tuple, torch.Tensor] = {}  # ψ at fixed points (`basis_at`)
+        # evaluation also measures each fit's reconstruction error (`update(with_error=True)`, Figure 3 right's
+        # metric, ~a twelfth of an evaluation step at the paper's sizes): set by the evaluation that reports it
+        # (`InfinityFormer.measuring_fit`), not by every forward pass without gradients
+        self.measure_fit = False
         self._G: dict[tuple, torch.Tensor] = {}  # ridge matrices per geometry (positions depend only on sizes)
 
     # ----------------------------------------------------------------------------------------- regression
@@ -548,7 +552,7 @@ class ContinuousLTM(nn.Module):
         step = LTMStep()
         if new_BPD is not None and new_BPD.shape[1]:
             coef_BND, step.regression_error = self.update(coef_BND, new_BPD, hist_BK=hist_BK,
-                                                          with_error=not self.training)
+                                                          with_error=self.measure_fit and not self.training)
         if coef_BND is None or coef_BND.shape[1] == 0:
             return None, step
         out, mu, var = self.attend(q_BHTE, coef_BND)

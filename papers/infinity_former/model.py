@@ -30,6 +30,7 @@ code; relative attention only (the official sorting runs use attn_type 0); no ke
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +104,20 @@ class InfinityFormer(TransformerXL):
 
     def diagnostics(self) -> dict[str, torch.Tensor]:
         return dict(self._diag)
+
+    @contextmanager
+    def measuring_fit(self):
+        """Evaluation forward passes inside also measure the LTM fits' reconstruction error
+        (`diagnostics()["regression_error"]`); outside, an evaluation does only the model's work."""
+        ltms = [m for m in self.modules() if isinstance(m, ContinuousLTM)]
+        before = [m.measure_fit for m in ltms]
+        for m in ltms:
+            m.measure_fit = True
+        try:
+            yield
+        finally:
+            for m, b in zip(ltms, before):
+                m.measure_fit = b
 
     # ------------------------------------------------------------------------------------------------ memory
     def _unpack(self, mems, b: int, like: torch.Tensor):

@@ -25,6 +25,7 @@ official steps its scheduler every 240 updates); evaluation runs with `eval_batc
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
@@ -201,7 +202,9 @@ class SortingLM(InfinityFormerLM):
     def _eval_step(self, split: str, batch) -> None:
         if batch.first:
             self._mems[split] = None
-        hidden, self._mems[split] = self(batch.input, self._mems[split], self.eval_memory)
+        measuring = getattr(self.model, "measuring_fit", nullcontext)  # the reconstruction error (Figure 3 right)
+        with measuring():
+            hidden, self._mems[split] = self(batch.input, self._mems[split], self.eval_memory)
         err = self.diagnostics().get("regression_error")
         if err is not None:
             self.reg_metrics[split].update(err)
