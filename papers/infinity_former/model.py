@@ -78,7 +78,8 @@ class InfinityAttention(RelPartialLearnableAttention):
 
 class InfinityFormer(TransformerXL):
     """`forward(tokens, mems, mem_len=…) -> (hidden, new_mems)` with mem_len = the STM length; `aux_losses()`
-    gives the last forward's λ_KL-weighted KL term, `diagnostics()` its unweighted KL and regression error."""
+    gives the last forward's λ_KL-weighted KL term, `diagnostics()` its unweighted KL and, inside `measuring_fit()`,
+    the fits' regression error."""
 
     supports_memory = True
 
