@@ -56,7 +56,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.nn.attention import RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances, sinusoid_table
+from repro.nn.attention import (RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances, sinusoid_table,
+                                softmax_lse)
 
 VARIANTS = ("disentangled", "txl", "disentangled_v2", "full")
 REFERENCE_ATTN_TYPE = {"disentangled": 3, "txl": 31, "disentangled_v2": 32, "full": 33}
@@ -104,18 +105,17 @@ class LaMemoAttention(RelPartialLearnableAttention):
         self.full = full
         self.record: list[torch.Tensor] | None = None
 
-    def causal(self, q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK):
+    def causal(self, q_BHTE, k_BHKE, v_BHKE, r_KD, u_HE, v_HE, mask_TK):
         """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T))."""
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
         bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
-        scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ kv[0].transpose(-1, -2)
+        scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ k_BHKE.transpose(-1, -2)
         scores = scores.add_(bd_BHTK).masked_fill_(mask_TK, float("-inf"))
-        lse = torch.logsumexp(scores.float(), dim=-1)
-        prob = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        prob, lse = softmax_lse(scores)
         if self.record is not None:
             self.record.append(prob.detach())
         prob = self.dropatt(prob)
-        return prob.to(kv.dtype) @ kv[1], lse
+        return prob.to(v_BHKE.dtype) @ v_BHKE, lse
 
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         """The backbone's interface (Transformer-XL memory): (output, keys/values)."""
@@ -123,60 +123,76 @@ class LaMemoAttention(RelPartialLearnableAttention):
             raise ValueError("LaMemo keeps no key/value memory")
         r_KD, u_HE, v_HE = pos[:3]
         q_BHTE, kv = self.project(h_BTD, mem_BMD)
-        vec, _ = self.causal(q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK)
+        vec, _ = self.causal(q_BHTE, *kv.unbind(0), r_KD, u_HE, v_HE, mask_TK)
         return self.output(vec), kv
 
-    def look_ahead(self, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH):
-        """Current rows: causal attention over [memory; segment]. Memory rows: look-ahead attention over the
-        window, interpolated with their carried vectors. Returns (output of current rows (B,T,D), output of memory
-        rows (B,M,D), attention vectors of [memory; segment] (B,K,H,E), log-normalisers (B,K,H) float32)."""
-        r_KD, u_HE, v_HE, r_fut_MD, u_fut_HE, v_fut_HE = pos
-        b, t, _ = h_BTD.shape
-        m = mem_BMD.shape[1]
-        k_len = m + t
-        q_BHTE, kv = self.project(h_BTD, mem_BMD)
-        vec, lse = self.causal(q_BHTE, kv, r_KD, u_HE, v_HE, mask_TK)
+    def look_ahead(self, x_BKD, m: int, *, mask_TK, pos, recur_BMHE, lse_BMH, memory_output: bool = True):
+        """Rows m… of x (the current segment): causal attention over all of x ([memory; segment]). Rows …m (the
+        memory): look-ahead attention over the window, interpolated with their carried vectors. Returns (output of
+        current rows (B,T,D), output of memory rows (B,M,D), or None without `memory_output`, attention vectors of
+        [memory; segment] (B,K,H,E), log-normalisers (B,K,H) float32).
+
+        One projection of the K rows gives the queries of both kinds of row and the keys and values (the
+        reference's single `qkv_net` call on [memory; segment]), and the keys and values are unbound once: each
+        indexing of a stacked (2, B, H, K, E) tensor would cost a zero-filled tensor of that size in backward."""
+        r_KD, u_HE, v_HE, r_fut_MD, u_fut_HE, v_fut_HE, window = pos
+        b, k_len, _ = x_BKD.shape
+        heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
+        vec, lse = self.causal(q_BHKE[:, :, m:], k_BHKE.contiguous(), v_BHKE.contiguous(), r_KD, u_HE, v_HE,
+                               mask_TK)
         vec_BKHE, lse_BKH = vec.transpose(1, 2), lse.transpose(1, 2)
         if m == 0:
-            return self.output(vec), h_BTD.new_empty(b, 0, h_BTD.shape[2]), vec_BKHE, lse_BKH
-        he = self.n_head * self.d_head
-        qm_BHME = F.linear(mem_BMD, self.qkv_net.weight[:he]).view(b, m, self.n_head, self.d_head).transpose(1, 2)
-        start = look_ahead_start(m, t)
-        k_win, v_win = kv[0][:, :, start : m + 1], kv[1][:, :, start : m + 1]  # (B, H, W, E)
-        dev = h_BTD.device
-        dist_MW = torch.arange(start, m + 1, device=dev)[None, :] - torch.arange(m, device=dev)[:, None]
-        if self.full:  # distances ≤ 0 use the causal table (index K−1−|d|), > 0 the future one (K−1+d)
-            table = torch.cat([r_KD, r_fut_MD], dim=0)
-            index = k_len - 1 + dist_MW
-        else:
-            table, index = r_fut_MD, dist_MW - 1
-        index = index.clamp(0, table.shape[0] - 1)
-        # only the M × W (row, key) pairs of the window: linear in the memory length
-        r_MWHE = self.r_net(table).view(-1, self.n_head, self.d_head)[index]
-        bd_BHMW = torch.einsum("bhme,mwhe->bhmw", (qm_BHME + v_fut_HE[:, None]) * self.scale, r_MWHE)
+            return self.output(vec), x_BKD.new_empty(b, 0, x_BKD.shape[2]), vec_BKHE, lse_BKH
+        qm_BHME = q_BHKE[:, :, :m]
+        start, index_MW, masked_MW = window
+        k_win, v_win = k_BHKE[:, :, start : m + 1], v_BHKE[:, :, start : m + 1]  # (B, H, W, E)
+        # position scores of each memory row against every distance of the table, then each row's window picked
+        # by its distances: M × (table length) products, no (M, W, H, E) gather of the position vectors
+        table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
+        r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
+        pos_BHMN = ((qm_BHME + v_fut_HE[:, None]) * self.scale) @ r_HEN
+        bd_BHMW = pos_BHMN.gather(-1, index_MW.expand(b, self.n_head, *index_MW.shape))
         scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
         scores = scores.add_(bd_BHMW)
-        if not self.full:
-            scores = scores.masked_fill_(dist_MW < 1, float("-inf"))
-        lse_new = torch.logsumexp(scores.float(), dim=-1)  # (B, H, M)
-        prob = self.dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
-        vec_new = (prob.to(v_win.dtype) @ v_win).transpose(1, 2)  # (B, M, H, E)
+        if masked_MW is not None:
+            scores = scores.masked_fill_(masked_MW, float("-inf"))
+        prob, lse_new = softmax_lse(scores)  # (B, H, M, W), (B, H, M)
+        vec_new = (self.dropatt(prob).to(v_win.dtype) @ v_win).transpose(1, 2)  # (B, M, H, E)
         vec_mem, lse_mem = interpolate(recur_BMHE, lse_BMH, vec_new, lse_new.transpose(1, 2))
-        out_mem = self.o_net(vec_mem.reshape(b, m, he))
+        out_mem = self.o_net(vec_mem.reshape(b, m, -1)) if memory_output else None
         return (self.output(vec), out_mem, torch.cat([vec_mem, vec_BKHE.to(vec_mem.dtype)], dim=1),
                 torch.cat([lse_mem, lse_BKH], dim=1))
 
 
-def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH):
+def look_ahead_window(m: int, t: int, *, full: bool, device=None):
+    """What every layer's look-ahead needs of the window: (its first key `start`, the (M, W) index into the
+    position table of each (memory row, window key) pair, the (M, W) mask of keys not on a row's right or None).
+    The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1) or, for `full`, the causal ones
+    (distances K−1 … 0) followed by the future ones (distance d at index K − 1 + d)."""
+    start = look_ahead_start(m, t)
+    dist_MW = torch.arange(start, m + 1, device=device)[None, :] - torch.arange(m, device=device)[:, None]
+    if full:
+        return start, m + t - 1 + dist_MW, None
+    return start, (dist_MW - 1).clamp(min=0), dist_MW < 1
+
+
+def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH,
+                     memory_output: bool = True):
     """One backbone layer with look-ahead memory: the memory rows and the current rows go through the attention
     (`LaMemoAttention.look_ahead`), residual, LayerNorm and feed-forward together. Returns (current rows' output,
-    memory rows' output = the next layer's memory, attention vectors, log-normalisers)."""
+    memory rows' output = the next layer's memory, attention vectors, log-normalisers). Without `memory_output`
+    (the last layer, whose memory rows feed no further layer) only the current rows go on after the attention,
+    and the memory rows' output is empty."""
     m = mem_BMD.shape[1]
     x = torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], dim=1)
     xn = layer.attn_norm(x) if layer.pre_lnorm else x
-    a_cur, a_mem, vec, lse = layer.attn.look_ahead(xn[:, m:], xn[:, :m], mask_TK=mask_TK, pos=pos,
-                                                   recur_BMHE=recur_BMHE, lse_BMH=lse_BMH)
-    a = torch.cat([a_mem.to(a_cur.dtype), a_cur], dim=1)
+    a_cur, a_mem, vec, lse = layer.attn.look_ahead(xn, m, mask_TK=mask_TK, pos=pos, recur_BMHE=recur_BMHE,
+                                                   lse_BMH=lse_BMH, memory_output=memory_output)
+    if a_mem is None:
+        x, a, m = h_BTD, a_cur, 0
+    else:
+        a = torch.cat([a_mem.to(a_cur.dtype), a_cur], dim=1)
     if layer.pre_lnorm:
         y = x + layer.drop(a)
         y = y + layer.ff(layer.ff_norm(y))
@@ -243,13 +259,15 @@ class LaMemo(TransformerXL):
         r_fut = sinusoid_table(fut, self.cfg.d_model).to(dt)
         v_fut = self.r_r_bias if self.lamemo.variant == "txl" else self.r_r_bias_future
         u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
-        pos = (self.drop(r_KD), self.r_w_bias, self.r_r_bias, self.drop(r_fut), u_fut, v_fut)
+        window = look_ahead_window(m, t, full=self.lamemo.variant == "full", device=dev) if m else None
+        pos = (self.drop(r_KD), self.r_w_bias, self.r_r_bias, self.drop(r_fut), u_fut, v_fut, window)
         h = self.drop(emb)
         new = [torch.cat([mems[0].to(h.dtype), h], dim=1)[:, max(0, k - mem_len):].detach()]
         mem = mems[0]
         for i, layer in enumerate(self.layers):
             h, mem, vec, lse = layer_look_ahead(layer, h, mem, mask_TK=mask_TK, pos=pos,
-                                                recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i])
+                                                recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i],
+                                                memory_output=i < len(self.layers) - 1)
             keep = max(0, k - mem_len)
             new += [vec[:, keep:].detach(), lse[:, keep:].detach()]
         return self.drop(h), new

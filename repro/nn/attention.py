@@ -80,6 +80,39 @@ class _RelShift(torch.autograd.Function):
         return grad
 
 
+def softmax_lse(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scores) in float32 and the log-normaliser log Σ exp(scores) (float32), along the last axis: what
+    `torch.softmax` and `torch.logsumexp` give, from one pass of exponentials instead of two (forward) or three
+    (backward). Every row needs one finite score (a fully masked row is NaN, as in `torch.softmax`)."""
+    return _SoftmaxLSE.apply(scores)
+
+
+class _SoftmaxLSE(torch.autograd.Function):
+    """lse = max s − log(max p): the largest probability is at least 1/K, so its logarithm is as accurate as
+    logsumexp's (equal to rounding; tests/test_attention.py). ∂lse/∂s = p, so the gradient of both outputs is
+    softmax's backward of g_p plus p·g_lse."""
+
+    @staticmethod
+    def forward(ctx, scores):
+        prob = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        lse = scores.amax(dim=-1).float().sub_(prob.amax(dim=-1).log_())
+        ctx.save_for_backward(prob)
+        ctx.in_dtype = scores.dtype
+        ctx.set_materialize_grads(False)
+        return prob, lse
+
+    @staticmethod
+    def backward(ctx, g_prob, g_lse):
+        (prob,) = ctx.saved_tensors
+        grad = None
+        if g_prob is not None:
+            grad = torch.ops.aten._softmax_backward_data(g_prob.float(), prob, -1, torch.float32)
+        if g_lse is not None:
+            by_lse = prob * g_lse.float().unsqueeze(-1)
+            grad = by_lse if grad is None else grad.add_(by_lse)
+        return None if grad is None else grad.to(ctx.in_dtype)
+
+
 def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
     """(T, K) bool, True where query i may NOT attend key j. Query i sits at key position M + i, M = K − T.
 
@@ -196,7 +229,7 @@ class PositionwiseFF(nn.Module):
     def __init__(self, *, d_model: int, d_inner: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), Dropout(dropout),
+            nn.Linear(d_model, d_inner), nn.ReLU(), Dropout(dropout),
             nn.Linear(d_inner, d_model), Dropout(dropout),
         )
 
