@@ -105,13 +105,14 @@ class LaMemoAttention(RelPartialLearnableAttention):
         self.full = full
         self.record: list[torch.Tensor] | None = None
 
-    def causal(self, q_BHTE, k_BHKE, v_BHKE, r_KD, u_HE, v_HE, mask_TK):
-        """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T))."""
+    def causal(self, q_BHTE, k_BHKE, v_BHKE, r_KD, u_HE, v_HE, bias_TK):
+        """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T)).
+        `bias_TK`: 0 where a query may attend, −inf where not (added: the same scores as masking, and nothing to
+        do in backward)."""
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
         bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
         scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ k_BHKE.transpose(-1, -2)
-        scores = scores.add_(bd_BHTK).masked_fill_(mask_TK, float("-inf"))
-        prob, lse = softmax_lse(scores)
+        prob, lse = softmax_lse(scores.add_(bd_BHTK).add_(bias_TK))
         if self.record is not None:
             self.record.append(prob.detach())
         prob = self.dropatt(prob)
@@ -123,14 +124,18 @@ class LaMemoAttention(RelPartialLearnableAttention):
             raise ValueError("LaMemo keeps no key/value memory")
         r_KD, u_HE, v_HE = pos[:3]
         q_BHTE, kv = self.project(h_BTD, mem_BMD)
-        vec, _ = self.causal(q_BHTE, *kv.unbind(0), r_KD, u_HE, v_HE, mask_TK)
+        vec, _ = self.causal(q_BHTE, *kv.unbind(0), r_KD, u_HE, v_HE, mask_bias(mask_TK))
         return self.output(vec), kv
 
-    def look_ahead(self, x_BKD, m: int, *, mask_TK, pos, recur_BMHE, lse_BMH, memory_output: bool = True):
-        """Rows m… of x (the current segment): causal attention over all of x ([memory; segment]). Rows …m (the
-        memory): look-ahead attention over the window, interpolated with their carried vectors. Returns (output of
-        current rows (B,T,D), output of memory rows (B,M,D), or None without `memory_output`, attention vectors of
-        [memory; segment] (B,K,H,E), log-normalisers (B,K,H) float32).
+    def look_ahead(self, x_BKD, m: int, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
+                   memory_output: bool = True):
+        """Rows m… of x (the current segment): causal attention over all of x ([memory; segment]). Memory rows
+        first…m: look-ahead attention over the window, interpolated with their carried vectors (rows before
+        `first` are not refreshed: for the last layer, whose memory rows feed no further layer, only those kept in
+        the next memory are). Returns (output of the current rows (B,T,D), output of the memory rows (B,M,D) or
+        None without `memory_output`, refreshed vectors (B,m−first,H,E) and log-normalisers (B,m−first,H) float32
+        of the memory rows (None when first ≥ m), vectors (B,T,H,E) and log-normalisers (B,T,H) of the current
+        rows).
 
         One projection of the K rows gives the queries of both kinds of row and the keys and values (the
         reference's single `qkv_net` call on [memory; segment]), and the keys and values are unbound once: each
@@ -140,55 +145,63 @@ class LaMemoAttention(RelPartialLearnableAttention):
         heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
         vec, lse = self.causal(q_BHKE[:, :, m:], k_BHKE.contiguous(), v_BHKE.contiguous(), r_KD, u_HE, v_HE,
-                               mask_TK)
-        vec_BKHE, lse_BKH = vec.transpose(1, 2), lse.transpose(1, 2)
-        if m == 0:
-            return self.output(vec), x_BKD.new_empty(b, 0, x_BKD.shape[2]), vec_BKHE, lse_BKH
-        qm_BHME = q_BHKE[:, :, :m]
-        start, index_MW, masked_MW = window
+                               bias_TK)
+        out_cur, vec_cur, lse_cur = self.output(vec), vec.transpose(1, 2), lse.transpose(1, 2)
+        if memory_output and first:
+            raise ValueError("the memory rows' output needs every memory row refreshed (first = 0)")
+        if first >= m:
+            empty = x_BKD.new_empty(b, 0, x_BKD.shape[2]) if memory_output else None
+            return out_cur, empty, None, None, vec_cur, lse_cur
+        qm_BHME = q_BHKE[:, :, first:m]
+        start, index_MW, bias_MW = window
         k_win, v_win = k_BHKE[:, :, start : m + 1], v_BHKE[:, :, start : m + 1]  # (B, H, W, E)
         # position scores of each memory row against every distance of the table, then each row's window picked
         # by its distances: M × (table length) products, no (M, W, H, E) gather of the position vectors
         table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
         r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
         pos_BHMN = ((qm_BHME + v_fut_HE[:, None]) * self.scale) @ r_HEN
+        index_MW = index_MW[first:]
         bd_BHMW = pos_BHMN.gather(-1, index_MW.expand(b, self.n_head, *index_MW.shape))
         scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
         scores = scores.add_(bd_BHMW)
-        if masked_MW is not None:
-            scores = scores.masked_fill_(masked_MW, float("-inf"))
+        if bias_MW is not None:
+            scores = scores.add_(bias_MW[first:])
         prob, lse_new = softmax_lse(scores)  # (B, H, M, W), (B, H, M)
         vec_new = (self.dropatt(prob).to(v_win.dtype) @ v_win).transpose(1, 2)  # (B, M, H, E)
-        vec_mem, lse_mem = interpolate(recur_BMHE, lse_BMH, vec_new, lse_new.transpose(1, 2))
-        out_mem = self.o_net(vec_mem.reshape(b, m, -1)) if memory_output else None
-        return (self.output(vec), out_mem, torch.cat([vec_mem, vec_BKHE.to(vec_mem.dtype)], dim=1),
-                torch.cat([lse_mem, lse_BKH], dim=1))
+        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new, lse_new.transpose(1, 2))
+        out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
+        return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur
+
+
+def mask_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """A boolean mask (True = may not attend) as an additive score bias: 0 or −inf."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
 
 
 def look_ahead_window(m: int, t: int, *, full: bool, device=None):
     """What every layer's look-ahead needs of the window: (its first key `start`, the (M, W) index into the
-    position table of each (memory row, window key) pair, the (M, W) mask of keys not on a row's right or None).
+    position table of each (memory row, window key) pair, the (M, W) score bias, −inf at keys not on a row's right, 0 elsewhere, or None).
     The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1) or, for `full`, the causal ones
     (distances K−1 … 0) followed by the future ones (distance d at index K − 1 + d)."""
     start = look_ahead_start(m, t)
     dist_MW = torch.arange(start, m + 1, device=device)[None, :] - torch.arange(m, device=device)[:, None]
     if full:
         return start, m + t - 1 + dist_MW, None
-    return start, (dist_MW - 1).clamp(min=0), dist_MW < 1
+    return start, (dist_MW - 1).clamp(min=0), mask_bias(dist_MW < 1)
 
 
-def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, mask_TK, pos, recur_BMHE, lse_BMH,
+def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
                      memory_output: bool = True):
     """One backbone layer with look-ahead memory: the memory rows and the current rows go through the attention
     (`LaMemoAttention.look_ahead`), residual, LayerNorm and feed-forward together. Returns (current rows' output,
-    memory rows' output = the next layer's memory, attention vectors, log-normalisers). Without `memory_output`
-    (the last layer, whose memory rows feed no further layer) only the current rows go on after the attention,
-    and the memory rows' output is empty."""
+    memory rows' output = the next layer's memory, and the attention's vectors and log-normalisers as
+    `look_ahead` returns them). Without `memory_output` (the last layer, whose memory rows feed no further layer)
+    only the current rows go on after the attention, and the memory rows' output is None."""
     m = mem_BMD.shape[1]
     x = torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], dim=1)
     xn = layer.attn_norm(x) if layer.pre_lnorm else x
-    a_cur, a_mem, vec, lse = layer.attn.look_ahead(xn, m, mask_TK=mask_TK, pos=pos, recur_BMHE=recur_BMHE,
-                                                   lse_BMH=lse_BMH, memory_output=memory_output)
+    a_cur, a_mem, *attention = layer.attn.look_ahead(xn, m, bias_TK=bias_TK, pos=pos, recur_BMHE=recur_BMHE,
+                                                     lse_BMH=lse_BMH, first=first, memory_output=memory_output)
     if a_mem is None:
         x, a, m = h_BTD, a_cur, 0
     else:
@@ -199,7 +212,7 @@ def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, mask_TK, pos, recur
     else:
         y = layer.attn_norm(x + layer.drop(a))
         y = layer.ff_norm(y + layer.ff(y))
-    return y[:, m:], y[:, :m], vec, lse
+    return y[:, m:], (y[:, :m] if memory_output else None), *attention
 
 
 class LaMemo(TransformerXL):
@@ -261,13 +274,21 @@ class LaMemo(TransformerXL):
         u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
         window = look_ahead_window(m, t, full=self.lamemo.variant == "full", device=dev) if m else None
         pos = (self.drop(r_KD), self.r_w_bias, self.r_r_bias, self.drop(r_fut), u_fut, v_fut, window)
+        bias_TK = mask_bias(mask_TK)
         h = self.drop(emb)
-        new = [torch.cat([mems[0].to(h.dtype), h], dim=1)[:, max(0, k - mem_len):].detach()]
+        keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment]
+        new = [torch.cat([mems[0].to(h.dtype), h], dim=1)[:, keep:].detach()]
         mem = mems[0]
         for i, layer in enumerate(self.layers):
-            h, mem, vec, lse = layer_look_ahead(layer, h, mem, mask_TK=mask_TK, pos=pos,
-                                                recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i],
-                                                memory_output=i < len(self.layers) - 1)
-            keep = max(0, k - mem_len)
-            new += [vec[:, keep:].detach(), lse[:, keep:].detach()]
+            last = i == len(self.layers) - 1
+            first = min(keep, m) if last else 0
+            h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
+                layer, h, mem, bias_TK=bias_TK, pos=pos, recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i],
+                first=first, memory_output=not last)
+            if keep >= m:  # the memory rows drop out of the next memory
+                vec, lse = vec_cur[:, keep - m :], lse_cur[:, keep - m :]
+            else:  # refreshed rows first… (first ≤ keep) are rows keep… of [memory; segment]
+                vec = torch.cat([vec_mem[:, keep - first :], vec_cur.to(vec_mem.dtype)], dim=1)
+                lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
+            new += [vec.detach(), lse.detach()]
         return self.drop(h), new
