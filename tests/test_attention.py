@@ -13,6 +13,7 @@ from repro.nn.attention import (
     rel_shift,
     relative_distances,
     sinusoid_table,
+    softmax_lse,
 )
 
 
@@ -245,3 +246,55 @@ def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block):
         outs.append((loss, x.grad))
     assert outs[1][0].dtype == torch.float32 and outs[1][1].dtype == dtype
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def _scores_with_masked_keys(dtype, *, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = (torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64) * 6).to(dtype)
+    masked = torch.rand(5, 7, generator=g) < 0.4
+    masked[:, 2] = False  # every row keeps a key
+    return scores.masked_fill(masked, float("-inf")), masked
+
+
+def test_softmax_lse_values_and_gradient_in_float64():
+    scores, masked = _scores_with_masked_keys(torch.float64)
+    prob, lse = softmax_lse(scores)
+    assert_close(prob, torch.softmax(scores, -1).float(), rtol=1e-6, atol=1e-7)  # float32 rounding
+    assert_close(lse, torch.logsumexp(scores, -1).float(), rtol=1e-6, atol=0)
+    # ∂/∂scores of any weighting of both outputs, against autograd through softmax and logsumexp (finite keys)
+    x = scores.clone().requires_grad_()
+    wp, wl = torch.randn(prob.shape, dtype=torch.float64), torch.randn(lse.shape, dtype=torch.float64)
+    p_x, lse_x = softmax_lse(x)
+    (g_ours,) = torch.autograd.grad((p_x.double() * wp).sum() + (lse_x.double() * wl).sum(), x)
+    y = scores.clone().requires_grad_()
+    (g_ref,) = torch.autograd.grad((torch.softmax(y, -1) * wp).sum() + (torch.logsumexp(y, -1) * wl).sum(), y)
+    assert_close(g_ours[..., ~masked], g_ref[..., ~masked], rtol=1e-5, atol=1e-6)
+    assert (g_ours[..., masked] == 0).all()
+
+
+@pytest.mark.parametrize("which", ["prob", "lse"])
+def test_softmax_lse_gradient_of_one_output(which):
+    scores, masked = _scores_with_masked_keys(torch.float64, seed=1)
+    x, y = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    ours = softmax_lse(x)[0 if which == "prob" else 1].double()
+    ref = torch.softmax(y, -1) if which == "prob" else torch.logsumexp(y, -1)
+    w = torch.randn(ref.shape, dtype=torch.float64)
+    (g_ours,) = torch.autograd.grad((ours * w).sum(), x)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), y)
+    assert_close(g_ours[..., ~masked], g_ref[..., ~masked], rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_lse_of_bf16_scores():
+    """Reduced-precision scores: float32 outputs as softmax(dtype=float32) and logsumexp of the float32 scores,
+    and a gradient in the scores' dtype."""
+    scores, masked = _scores_with_masked_keys(torch.bfloat16, seed=2)
+    x = scores.clone().requires_grad_()
+    prob, lse = softmax_lse(x)
+    assert prob.dtype == lse.dtype == torch.float32
+    assert_close(prob, torch.softmax(scores, -1, dtype=torch.float32), rtol=0, atol=1e-7)
+    assert_close(lse, torch.logsumexp(scores.float(), -1), rtol=1e-6, atol=0)
+    (g,) = torch.autograd.grad(lse.sum() + prob[..., 0].sum(), x)
+    y = scores.float().requires_grad_()
+    (g_ref,) = torch.autograd.grad(torch.logsumexp(y, -1).sum() + torch.softmax(y, -1)[..., 0].sum(), y)
+    assert g.dtype == torch.bfloat16
+    assert_close(g.float()[..., ~masked], g_ref[..., ~masked], rtol=1e-2, atol=1e-3)

@@ -33,11 +33,16 @@ Where this differs from the reference (and why):
 - α = sigmoid(log S_old − log S_new), the exact share; the reference adds 1e-6 to the denominator after
   subtracting the maximum, which makes α smaller by at most ~1e-6 relatively and breaks the union identity by as
   much.
-- Position scores of the look-ahead are gathered by their distance (key index − row index) instead of the
+- Position scores of the look-ahead: each memory row's query against the position vector of every distance of
+  the table (one product), then each row's window picked by distance (key index − row index), instead of the
   reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
   same; for `full` the reference's index arithmetic needs a memory at least as long as the segment (mem_len ≥
   tgt_len; with a shorter one its forward raises a shape error), ours holds for any lengths and equals the
   reference whenever mem_len ≥ tgt_len (tests/parity/test_lamemo_parity.py: `attn33`, `attn33_longmem`).
+- Work whose result nothing reads is skipped: the last layer's memory rows get no output projection,
+  LayerNorm or feed-forward (they would feed the layer above, and there is none), and its look-ahead refreshes
+  only the memory rows the next memory keeps (none when mem_len ≤ tgt_len, as in the paper's settings). The
+  reference computes both; the outputs and the next memory are the same.
 - Memory states are batch-first tensors, one list: [embedding memory (B, M, D)] + per layer [attention vectors
   (B, M, H, E), log-normalisers (B, M, H) float32], so checkpoints and DDP re-sharding carry them unchanged.
 - Biases (u, v, v₊, u₊) are initialised N(0, 0.02) as the backbone's Transformer-XL; the reference uses Xavier
