@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.testing import assert_close
 
-from papers.lamemo.model import LaMemo, LaMemoConfig, interpolate
+from papers.lamemo.model import LaMemo, LaMemoConfig, interpolate, look_ahead_window, window_position_scores
 from papers.lamemo.module import LaMemoLM
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.data.lm import LMDataModule
@@ -127,6 +127,21 @@ def test_refreshed_memory_is_attention_over_every_key_up_to_the_current_step(var
                 vec, lse = ref.attend(pairs)
                 assert_close(mems[1][0, row], vec, rtol=1e-4, atol=1e-5, msg=f"segment {s}, position {p}")
                 assert_close(mems[2][0, row], lse, rtol=1e-4, atol=1e-5, msg=f"segment {s}, position {p}")
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("m,t,first", [(6, 6, 0), (4, 7, 0), (9, 2, 0), (20, 3, 0), (20, 3, 5), (13, 4, 13 - 4)])
+def test_window_position_scores_equal_the_gathered_position_vectors(m, t, first, full):
+    """Blocked product-and-pick against the definition: row i's score for window key w is its query times the
+    table's position vector at index_MW[i, w] (every row, every key, also where the mask will hide it)."""
+    g = torch.Generator().manual_seed(m * 100 + t * 10 + first)
+    n = m + t + m if full else m
+    q = torch.randn(2, H, m - first, E, generator=g, dtype=torch.float64)
+    r = torch.randn(H, E, n, generator=g, dtype=torch.float64)
+    _, index, _ = look_ahead_window(m, t, full=full)
+    ours = window_position_scores(q, r, index, m=m, t=t, first=first, full=full)
+    r_MWHE = r.permute(2, 0, 1)[index[first:]]  # (M − first, W, H, E)
+    assert_close(ours, torch.einsum("bhme,mwhe->bhmw", q, r_MWHE), rtol=1e-12, atol=1e-12)
 
 
 def test_full_look_ahead_attends_the_whole_window_on_both_sides():

@@ -160,13 +160,10 @@ class LaMemoAttention(RelPartialLearnableAttention):
         qm_BHME = q_BHKE[:, :, first:m]
         start, index_MW, bias_MW = window
         k_win, v_win = k_BHKE[:, :, start : m + 1], v_BHKE[:, :, start : m + 1]  # (B, H, W, E)
-        # position scores of each memory row against every distance of the table, then each row's window picked
-        # by its distances: M × (table length) products, no (M, W, H, E) gather of the position vectors
         table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
         r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        pos_BHMN = ((qm_BHME + v_fut_HE[:, None]) * self.scale) @ r_HEN
-        index_MW = index_MW[first:]
-        bd_BHMW = pos_BHMN.gather(-1, index_MW.expand(b, self.n_head, *index_MW.shape))
+        bd_BHMW = window_position_scores((qm_BHME + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m,
+                                         t=k_len - m, first=first, full=self.full)
         scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
         scores = scores.add_(bd_BHMW)
         if bias_MW is not None:
@@ -176,6 +173,30 @@ class LaMemoAttention(RelPartialLearnableAttention):
         vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new, lse_new.transpose(1, 2))
         out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
         return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur
+
+
+def window_position_scores(qm_BHME, r_HEN, index_MW, *, m: int, t: int, first: int, full: bool) -> torch.Tensor:
+    """The look-ahead's position scores (B, H, M − first, W) of memory rows first…m: each row's query against the
+    position vectors of its window's distances, `r_HEN[..., index_MW[row, w]]`.
+
+    A row's W distances are consecutive entries of the table, one entry lower per row. Rows go in blocks of W:
+    each block's queries times the 2W − 1 table entries its rows reach (one product), then each row's W picked by
+    index. Multiply-adds ≤ 2 × M × W per head, linear in the memory length whatever the table's length, and no
+    (M, W, H, E) gather of the position vectors (the backward of such a gather accumulates into the whole
+    table: slow, and at the enwik8 shape 134M values per layer). With M ≤ T (W = M) this is one block: the rows'
+    product with the whole future table."""
+    start = look_ahead_start(m, t)
+    w = m - start + 1
+    base = m + t - 1 + start if full else start - 1  # index of (row i, key w') = base + w' − i (clamped at 0)
+    n = r_HEN.shape[-1]
+    parts = []
+    for i0 in range(first, m, w):
+        i1 = min(i0 + w, m)
+        lo, hi = max(0, base - (i1 - 1)), min(n - 1, base + w - 1 - i0)
+        part = qm_BHME[:, :, i0 - first : i1 - first] @ r_HEN[..., lo : hi + 1]
+        index = index_MW[i0:i1] - lo
+        parts.append(part.gather(-1, index.expand(*part.shape[:2], *index.shape)))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def mask_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
