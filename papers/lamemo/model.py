@@ -33,9 +33,9 @@ Where this differs from the reference (and why):
 - α = sigmoid(log S_old − log S_new), the exact share; the reference adds 1e-6 to the denominator after
   subtracting the maximum, which makes α smaller by at most ~1e-6 relatively and breaks the union identity by as
   much.
-- Position scores of the look-ahead: each memory row's query against the position vector of every distance of
-  the table (one product), then each row's window picked by distance (key index − row index), instead of the
-  reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
+- Position scores of the look-ahead: in blocks of W memory rows, the rows' queries against the position vectors
+  of the distances they reach (`window_position_scores`), then each row's window picked by distance (key index −
+  row index), instead of the reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
   same; for `full` the reference's index arithmetic needs a memory at least as long as the segment (mem_len ≥
   tgt_len; with a shorter one its forward raises a shape error), ours holds for any lengths and equals the
   reference whenever mem_len ≥ tgt_len (tests/parity/test_lamemo_parity.py: `attn33`, `attn33_longmem`).
