@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from repro.nn.attention import attend
+from repro.nn.attention import attend, softmax_lse
 
 KeyKind = Literal["separate", "shifted"]
 PiKind = Literal["gradient", "soft_em", "hard_em"]
@@ -247,9 +247,10 @@ class MGKAttention(nn.Module):
         w = (valid_BK[:, None, :, None] & valid_BK[:, None, None, :]).expand(b, h, t, k)
         self.weights.e_step(resp, w, update_K=valid_BK.any(0))
 
-    def joint_probabilities(self, q_BHTE, k_BHRKE, mask_TK) -> torch.Tensor:
+    def joint_probabilities(self, q_BHTE, k_BHRKE, mask_TK, *, with_lse: bool = False):
         """P (B, H, T, R, K): the softmax over all R·K (component, key) pairs of the component scores, so that
-        Σ_r P[..., r, j] is the attention weight of key j (softmax over j of logsumexp_r: the same number).
+        Σ_r P[..., r, j] is the attention weight of key j (softmax over j of logsumexp_r: the same number). With
+        `with_lse`, (P, log-normaliser (B, H, T)): the log of Σ_j Σ_r π_r exp(−c_r‖q_i − k_jr‖²).
 
         The scores come from one matrix product of augmented vectors: with c_r = 1/2σ_r²,
         log π_rj − c_r‖q_i − k_jr‖² = [q_i, ‖q_i‖², 1] · [2c_r k_jr, −c_r, log π_rj − c_r‖k_jr‖²]. Unlike
@@ -268,6 +269,9 @@ class MGKAttention(nn.Module):
         scores = q_aug @ k_aug.reshape(b, h, r * k_len, -1).transpose(-1, -2)  # (B, H, T, R·K)
         t = scores.shape[2]
         scores = scores.view(b, h, t, r, k_len).masked_fill(mask_TK.unsqueeze(-2), float("-inf"))
+        if with_lse:
+            prob, lse = softmax_lse(scores.view(b, h, t, r * k_len))
+            return prob.view(b, h, t, r, k_len), lse
         return torch.softmax(scores.view(b, h, t, r * k_len), dim=-1).view(b, h, t, r, k_len)
 
     def forward(self, h_BTD, *, mem_BMD=None, mask_TK, pos=None, kv_mem=None):
@@ -276,10 +280,14 @@ class MGKAttention(nn.Module):
         b, t, _ = h_BTD.shape
         q, k, v = self.proj(h_BTD, h_BTD)
         e_step = self.weights.kind == "soft_em" and self.training
-        if self.weights.kind != "hard_em" and not self.norm_eps and not e_step:
+        if self.weights.kind != "hard_em" and not e_step:
             # float32, as below: squared distances lose bits in bf16
-            prob = self.dropatt(self.joint_probabilities(q.float(), k.float(), mask_TK).sum(-2))
-            out = prob.to(v.dtype) @ v
+            if self.norm_eps:  # the reference's a / (Σ a + ε) is the softmax times S / (S + ε), S = Σ a
+                joint, lse = self.joint_probabilities(q.float(), k.float(), mask_TK, with_lse=True)
+                prob = joint.sum(-2) * torch.sigmoid(lse - math.log(self.norm_eps))[..., None]
+            else:
+                prob = self.joint_probabilities(q.float(), k.float(), mask_TK).sum(-2)
+            out = self.dropatt(prob).to(v.dtype) @ v
             return self.o_net(out.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)), None
         s = self.component_scores(q.float(), k.float())  # (B, H, T, K, R), float32: distances lose bits in bf16
         if self.weights.kind == "hard_em":
