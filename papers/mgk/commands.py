@@ -1,6 +1,7 @@
 """The commands Transformer-MGK adds to `repro` (listed in pyproject.toml's `repro.commands` entry points and
 collected by `repro.cli.registry`): `repro bench-attention`, the cost of the attention variants across lengths
-(`papers.mgk.efficiency`). Importing this module imports neither torch nor the benchmark."""
+(`papers.mgk.efficiency`), and `repro bench-mgk-authors`, one decoder layer against the authors' code
+(`papers.mgk.bench_authors`). Importing this module imports neither torch nor the benchmarks."""
 
 from __future__ import annotations
 
@@ -17,4 +18,14 @@ def bench_attention(argv: list[str]) -> None:
 
 HELP = "parameters, FLOPs, step time and activation memory of attention variants across lengths (JSON lines)"
 
-COMMANDS = {"bench-attention": (bench_attention, HELP)}
+
+
+def bench_mgk_authors(argv: list[str]) -> None:
+    from papers.mgk import bench_authors
+
+    bench_authors.main(argv)
+
+
+HELP_AUTHORS = "one decoder layer at the WikiText-103 paper shape, ours against the official code (tokens/s)"
+
+COMMANDS = {"bench-attention": (bench_attention, HELP), "bench-mgk-authors": (bench_mgk_authors, HELP_AUTHORS)}

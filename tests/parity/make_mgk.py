@@ -19,7 +19,7 @@ Writes tests/parity/mgk/<case>.pt (format: tests/parity/common.py), read by test
 - meta of `counts.pt`: parameter counts of the official modules at the paper configs' shapes (one LM decoder layer
   per configs/mgk/paper/wt103_*.yaml; one LRA `Transformer` block per variant and head count, width 64, head 32).
 
-Run-time shims only (none of their code is copied): the CUDA extensions that `mem_transformer.py` loads at import
+Run-time shims only (none of their code is copied; `papers.mgk.bench_authors.install_shims`): the CUDA extensions that `mem_transformer.py` loads at import
 (`utils.fast_transformers`, `utils.fast_fast_weight`) are replaced by modules holding a Python `fast_weight_sum`
 (out_t = q_t (W + Σ_{j≤t} k_j v_jᵀ), the kernel's sum rule); `pdb.set_trace` (called in `MultiHeadAttn.forward`) is a
 no-op; gpytorch's `Distance._sq_dist` (imported by lra/attention.py, not installed here) is the exact squared
@@ -28,15 +28,14 @@ distance; `performer_pytorch` (imported by lra/attention_linear.py, unused by th
 
 from __future__ import annotations
 
-import pdb
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from papers.mgk.bench_authors import PAPER_LM, install_shims, official_lm_layer  # noqa: E402
 from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
 
 OUT = HERE / "mgk"
@@ -58,41 +57,6 @@ LRA_CASES = {  # case: (attn_type, key2, multi_gauss, hard_em, soft_em)
     "mlk": ("linear", True, False, False, False), "smlk": ("linear", False, True, False, False),
 }
 CLASSIFIER_CASES = ("softmax", "mgk", "smgk_softe", "mlk")
-# paper LM configs → official (attn_type, update_mode, n_head); model d_model 128, d_head 16, d_inner 2048
-PAPER_LM = {"wt103_softmax8": (2, None, 8), "wt103_linear8": (34, None, 8), "wt103_mgk4": (200, "rbf2keys", 4),
-            "wt103_mgk8": (200, "rbf2keys", 8), "wt103_smgk8": (200, "rbf", 8), "wt103_mlk4": (400, "rbf2keys", 4),
-            "wt103_mlk8": (400, "rbf2keys", 8)}
-
-
-def fast_weight_sum(q, k, v, w):
-    """The sum-rule kernel of utils/fast_transformers: out_t = q_t (W + Σ_{j≤t} k_j v_jᵀ), (B, H, L, E) inputs."""
-    state = w[:, :, None] + torch.cumsum(k[..., :, None] * v[..., None, :], dim=2)  # (B, H, L, E, M)
-    return torch.einsum("bhle,bhlem->bhlm", q, state)
-
-
-def install_shims() -> None:
-    ft = types.ModuleType("utils.fast_transformers")
-    ft.fast_weight_sum = fast_weight_sum
-    ffw = types.ModuleType("utils.fast_fast_weight")
-    ffw.fast_weight_memory = None  # delta-rule kernel: no MGK variant uses it
-    sys.modules["utils.fast_transformers"] = ft
-    sys.modules["utils.fast_fast_weight"] = ffw
-    pdb.set_trace = lambda *a, **k: None
-    if torch.version.cuda is None:  # utils/proj_adaptive_softmax.py parses it at import
-        torch.version.cuda = "10.0"
-
-    class Distance:
-        def _sq_dist(self, x1, x2, postprocess=False):
-            return ((x1[..., :, None, :] - x2[..., None, :, :]) ** 2).sum(-1)
-
-    for name in ("gpytorch", "gpytorch.kernels", "gpytorch.kernels.kernel"):
-        sys.modules[name] = types.ModuleType(name)
-    sys.modules["gpytorch.kernels.kernel"].Distance = Distance
-    perf = types.ModuleType("performer_pytorch")
-    perf.FastAttention = None
-    sys.modules["performer_pytorch"] = perf
-
-
 def redraw_pi_(module: torch.nn.Module, seed: int) -> None:
     """π entries uniform in [0.1, 0.9] (after `enlarge_`, whose N(0, 0.2) would clamp about half of them to 0)."""
     g = torch.Generator().manual_seed(seed)
@@ -102,16 +66,7 @@ def redraw_pi_(module: torch.nn.Module, seed: int) -> None:
                 t.copy_(0.1 + 0.8 * torch.rand(t.shape, generator=g))
 
 
-def lm_layer(mt, attn_type: int, mode: str | None, *, n_head: int, d_model: int, d_head: int, d_inner: int):
-    kw = dict(dropatt=0.0, pre_lnorm=False, attn_type=attn_type)
-    if attn_type in (34, 400):
-        kw.update(layer_id=0, num_layer=1)
-    if attn_type == 400:
-        kw.update(update_mode=mode)
-    layer = mt.DecoderLayer(n_head, d_model, d_head, d_inner, 0.0, **kw)
-    if attn_type == 200:  # DecoderLayer drops update_mode for 200 (always 'hard'): build the mode asked for
-        layer.dec_attn = mt.MGKAttn(n_head, d_model, d_head, 0.0, dropatt=0.0, pre_lnorm=False, update_mode=mode)
-    return layer
+lm_layer = official_lm_layer
 
 
 def make_lm(mt, commit: str) -> None:
