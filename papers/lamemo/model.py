@@ -35,10 +35,11 @@ Where this differs from the reference (and why):
   much.
 - Position scores of the look-ahead: in blocks of W memory rows, the rows' queries against the position vectors
   of the distances they reach (`window_position_scores`), then each row's window picked by distance (key index −
-  row index), instead of the reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type 3/31/32 the numbers are the
-  same; for `full` the reference's index arithmetic needs a memory at least as long as the segment (mem_len ≥
-  tgt_len; with a shorter one its forward raises a shape error), ours holds for any lengths and equals the
-  reference whenever mem_len ≥ tgt_len (tests/parity/test_lamemo_parity.py: `attn33`, `attn33_longmem`).
+  row index), instead of the reference's shift tricks (`_rel_shift_future`, `_rel_shift_full`). For attn_type
+  3/31/32 the numbers are the same; for `full` the reference's index arithmetic needs a memory at least as long
+  as the segment (mem_len ≥ tgt_len; with a shorter one its forward raises a shape error), ours holds for any
+  lengths and equals the reference whenever mem_len ≥ tgt_len (tests/parity/test_lamemo_parity.py: `attn33`,
+  `attn33_longmem`).
 - Work whose result nothing reads is skipped: the last layer's memory rows get no output projection,
   LayerNorm or feed-forward (they would feed the layer above, and there is none), and its look-ahead refreshes
   only the memory rows the next memory keeps (none when mem_len ≤ tgt_len, as in the paper's settings). The
@@ -57,12 +58,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.nn.attention import (RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances, sinusoid_table,
-                                softmax_lse)
+from repro.nn.attention import (RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances,
+                                sinusoid_table, softmax_lse)
 
 VARIANTS = ("disentangled", "txl", "disentangled_v2", "full")
 REFERENCE_ATTN_TYPE = {"disentangled": 3, "txl": 31, "disentangled_v2": 32, "full": 33}
@@ -206,8 +206,8 @@ def mask_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 
 def look_ahead_window(m: int, t: int, *, full: bool, device=None):
     """What every layer's look-ahead needs of the window: (its first key `start`, the (M, W) index into the
-    position table of each (memory row, window key) pair, the (M, W) score bias, −inf at keys not on a row's right, 0 elsewhere, or None).
-    The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1) or, for `full`, the causal ones
+    position table of each (memory row, window key) pair, the (M, W) score bias: −inf at keys not on a row's
+    right, 0 elsewhere, or None). The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1) or, for `full`, the causal ones
     (distances K−1 … 0) followed by the future ones (distance d at index K − 1 + d)."""
     start = look_ahead_start(m, t)
     dist_MW = torch.arange(start, m + 1, device=device)[None, :] - torch.arange(m, device=device)[:, None]
