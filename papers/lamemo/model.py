@@ -181,10 +181,10 @@ def window_position_scores(qm_BHME, r_HEN, index_MW, *, m: int, t: int, first: i
 
     A row's W distances are consecutive entries of the table, one entry lower per row. Rows go in blocks of W:
     each block's queries times the 2W − 1 table entries its rows reach (one product), then each row's W picked by
-    index. Multiply-adds ≤ 2 × M × W per head, linear in the memory length whatever the table's length, and no
-    (M, W, H, E) gather of the position vectors (the backward of such a gather accumulates into the whole
-    table: slow, and at the enwik8 shape 134M values per layer). With M ≤ T (W = M) this is one block: the rows'
-    product with the whole future table."""
+    index. At most 2 × M × W × E multiply-adds per head, linear in the memory length whatever the table's length,
+    and no (M, W, H, E) gather of the position vectors (the backward of such a gather accumulates into the whole
+    table: slow, and at the enwik8 shape 134M values per layer). With M ≤ T (W = M) this is one block (for the
+    future table, all of it)."""
     start = look_ahead_start(m, t)
     w = m - start + 1
     base = m + t - 1 + start if full else start - 1  # index of (row i, key w') = base + w' − i (clamped at 0)
