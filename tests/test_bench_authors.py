@@ -1,6 +1,7 @@
-"""The side-by-side harness of `repro bench-txl-authors` / `bench-lamemo-authors`, run on our models on both
-sides (the authors' code is not on this machine's test path): every code is timed in every round, the memory is
-carried through the timed segments and reset between runs, and a missing checkout is one line."""
+"""The side-by-side harnesses of `repro bench-txl-authors`, `bench-lamemo-authors` and `bench-mgk-authors`, run on
+our models on both sides (the authors' code is not on this machine's test path): every code is timed in every
+round, the memory is carried through the timed segments and reset between runs, a missing checkout is one line,
+and the MGK layer timed is the paper config's."""
 
 import pytest
 import torch
@@ -48,3 +49,27 @@ def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
     expected = sum(p.numel() for p in _Ours(SHAPE, "train").model.parameters())
     assert params == {"plain": expected, "kept": expected}
     assert policy == {"plain": False, "kept": True}
+
+
+def test_mgk_checkout_without_the_model_file_and_unknown_configs_are_refused_in_one_line(tmp_path):
+    from papers.mgk import bench_authors
+
+    with pytest.raises(SystemExit, match="has no language-modeling/lmtool-fwms/src/mem_transformer.py"):
+        bench_authors._official(tmp_path)
+    with pytest.raises(SystemExit, match="--configs takes .*got wt103_linear8"):
+        bench_authors.main(["--checkout", str(tmp_path), "--configs", "wt103_mgk4,wt103_linear8"])
+
+
+@pytest.mark.parametrize("config", ["wt103_softmax8", "wt103_mgk4", "wt103_mgk8", "wt103_smgk8"])
+def test_mgk_bench_times_the_paper_configs_layer(config):
+    """The layer `repro bench-mgk-authors` times is the paper config's (the official layer's parameter count, from
+    the parity fixture of minhtannguyen/transformer-mgk), in the config's form and with its dropout."""
+    from papers.mgk.bench_authors import our_lm_layer
+    from tests.parity.common import HERE, load_fixture
+
+    layer = our_lm_layer(config)
+    _, meta = load_fixture(HERE / "mgk" / "counts.pt")
+    assert sum(p.numel() for p in layer.parameters()) == meta[f"lm.{config}"]
+    assert layer.drop.p == 0.1
+    if config != "wt103_softmax8":
+        assert layer.attn.form == "lm_official"
