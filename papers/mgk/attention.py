@@ -16,7 +16,8 @@ computed here in log space, score_ij = logsumexp_r(log π_r − ‖q_i − k_jr�
 gradient (and in evaluation), the same weights come from one softmax over all (component, key) pairs of scores
 built by a single product of augmented vectors, summed over components (`MGKAttention.joint_probabilities`):
 no (T, K, R) temporaries, and the backward keeps one (T, R·K) tensor, which makes MGK-4 cheaper than softmax-8
-in time and activation memory instead of dearer (README, efficiency). The linear version
+in time and activation memory instead of dearer (README, efficiency); the `lm_official` form's a / (Σ a + ε)
+normalisation is that softmax times S / (S + ε), S = Σ a from its log-normaliser (`softmax_lse`). The linear version
 (MLK) replaces the kernel by a feature map φ: h_i = φ(q_i)ᵀ Σ_j Σ_r π_r φ(k_jr) v_jᵀ / φ(q_i)ᵀ Σ_j Σ_r π_r φ(k_jr).
 
 Options, by config strings:
