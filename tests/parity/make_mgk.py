@@ -22,8 +22,9 @@ Writes tests/parity/mgk/<case>.pt (format: tests/parity/common.py), read by test
 Run-time shims only (none of their code is copied; `papers.mgk.bench_authors.install_shims`): the CUDA extensions
 that `mem_transformer.py` loads at import (`utils.fast_transformers`, `utils.fast_fast_weight`) are replaced by
 modules holding a Python `fast_weight_sum` (out_t = q_t (W + Σ_{j≤t} k_j v_jᵀ), the kernel's sum rule);
-`pdb.set_trace` (called in `MultiHeadAttn.forward`) is a no-op; gpytorch's `Distance._sq_dist` (imported by lra/attention.py, not installed here) is the exact squared
-distance; `performer_pytorch` (imported by lra/attention_linear.py, unused by the variants here) is a stub.
+`pdb.set_trace` (called in `MultiHeadAttn.forward`) is a no-op; gpytorch's `Distance._sq_dist` (imported by
+lra/attention.py, not installed here) is the exact squared distance; `performer_pytorch` (imported by
+lra/attention_linear.py, unused by the variants here) is a stub.
 """
 
 from __future__ import annotations
