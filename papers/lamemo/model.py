@@ -207,8 +207,9 @@ def mask_bias(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 def look_ahead_window(m: int, t: int, *, full: bool, device=None):
     """What every layer's look-ahead needs of the window: (its first key `start`, the (M, W) index into the
     position table of each (memory row, window key) pair, the (M, W) score bias: −inf at keys not on a row's
-    right, 0 elsewhere, or None). The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1) or, for `full`, the causal ones
-    (distances K−1 … 0) followed by the future ones (distance d at index K − 1 + d)."""
+    right, 0 elsewhere, or None). The table is the future sinusoids (distance d = key − row ≥ 1 at index d − 1)
+    or, for `full`, the causal ones (distances K−1 … 0) followed by the future ones (distance d at index
+    K − 1 + d)."""
     start = look_ahead_start(m, t)
     dist_MW = torch.arange(start, m + 1, device=device)[None, :] - torch.arange(m, device=device)[:, None]
     if full:
