@@ -145,6 +145,44 @@ def test_window_position_scores_equal_the_gathered_position_vectors(m, t, first,
     assert_close(ours, torch.einsum("bhme,mwhe->bhmw", q, r_MWHE), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", ["disentangled", "full"])
+@pytest.mark.parametrize("t,mem_len", [(4, 4), (3, 7), (5, 3)])
+def test_skipped_last_layer_work_changes_no_output_memory_or_gradient(monkeypatch, variant, t, mem_len):
+    """The last layer neither feeds its memory rows forward nor refreshes rows the next memory drops: outputs,
+    memories and gradients equal those of the forward that does all of it (3 layers, 4 segments)."""
+    import papers.lamemo.model as lamemo_model
+
+    torch.manual_seed(5)
+    model = _randomise(LaMemo(_cfg(3), LaMemoConfig(variant=variant))).train()
+    tokens = torch.randint(0, V, (2, 4 * t))
+
+    def run():
+        mems, outs = None, []
+        for s in range(4):
+            h, mems = model(tokens[:, s * t:(s + 1) * t], mems, mem_len=mem_len)
+            outs.append(h)
+        model.zero_grad()
+        torch.stack(outs).pow(2).sum().backward()
+        return outs, mems, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    skipped = run()
+    full_layer = lamemo_model.layer_look_ahead
+
+    def every_row(*args, first=0, memory_output=True, **kwargs):
+        """All memory rows refreshed and fed forward; the rows asked for handed back."""
+        h, mem, vec_mem, lse_mem, vec_cur, lse_cur = full_layer(*args, first=0, memory_output=True, **kwargs)
+        if vec_mem is not None:
+            vec_mem, lse_mem = vec_mem[:, first:], lse_mem[:, first:]
+        return h, mem, vec_mem, lse_mem, vec_cur, lse_cur
+
+    monkeypatch.setattr(lamemo_model, "layer_look_ahead", every_row)
+    everything = run()
+    for ours, ref in zip(skipped, everything):
+        assert len(ours) == len(ref)
+        for a, b in zip(ours, ref):
+            assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_full_look_ahead_attends_the_whole_window_on_both_sides():
     """The reference's attn_type 33: memory rows attend to every key of the window (positions that arrived since
     the previous segment's first token), left or right, all with the future position bias."""
