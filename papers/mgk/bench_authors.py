@@ -84,8 +84,8 @@ def official_lm_layer(mt, attn_type: int, mode: str | None, *, n_head: int, d_mo
     return layer
 
 
-def our_lm_layer(config: str, **overrides) -> torch.nn.Module:
-    """The first decoder layer of `configs/mgk/paper/<config>.yaml`'s model (`overrides` replace model settings)."""
+def our_lm_layer(config: str) -> torch.nn.Module:
+    """The decoder layer of `configs/mgk/paper/<config>.yaml`'s model (one of its identical layers)."""
     import yaml  # noqa: PLC0415
     from dataclasses import replace  # noqa: PLC0415
 
@@ -94,7 +94,7 @@ def our_lm_layer(config: str, **overrides) -> torch.nn.Module:
 
     cfg = yaml.safe_load((ROOT / "configs/mgk/paper" / f"{config}.yaml").read_text())["model"]["init_args"]
     model = {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg["model"].items()}
-    xl = replace(TransformerXLConfig(**model), n_layer=1, n_token=10, cutoffs=(), tie_projs=None, **overrides)
+    xl = replace(TransformerXLConfig(**model), n_layer=1, n_token=10, cutoffs=(), tie_projs=None)
     return MGKLM(xl, MGKConfig(**cfg["mgk"])).layers[0]
 
 

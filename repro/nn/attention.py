@@ -224,7 +224,9 @@ class AbsoluteAttention(_MemoryAttention):
 
 
 class PositionwiseFF(nn.Module):
-    """Linear → ReLU → dropout → Linear → dropout (the reference's `CoreNet`)."""
+    """Linear → ReLU → dropout → Linear → dropout (the reference's `CoreNet`). The ReLU is out of place: in place
+    on the linear's output (a view) its backward copies the whole (B, T, d_inner) tensor twice (CopySlices);
+    same numbers either way."""
 
     def __init__(self, *, d_model: int, d_inner: int, dropout: float):
         super().__init__()

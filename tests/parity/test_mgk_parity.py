@@ -11,23 +11,19 @@ breaking a mechanism (swapping two biases or the two mixture components) moves t
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch.testing import assert_close
 
 from papers.mgk.attention import MGKAttention, MLKAttention
+from papers.mgk.bench_authors import our_lm_layer
 from papers.mgk.lra import EncoderLayer, LRAClassifier, LRAConfig, Variant
-from papers.mgk.model import MGKConfig, MGKLM
 from papers.transformer_xl.model import DecoderLayer, TransformerXLConfig
 from repro.nn.attention import AbsoluteAttention, causal_mask
 from tests.parity.common import HERE, TOLERANCE, load_fixture
 
 FIX = HERE / "mgk"
-ROOT = Path(__file__).resolve().parents[2]
 TOL = dict(atol=TOLERANCE, rtol=TOLERANCE)
 FAR = 100 * TOLERANCE
 
@@ -349,18 +345,11 @@ def test_lra_classifier_sensitivity_swapped_biases():
 
 
 # -------------------------------------------------------------------------------------------- parameter counts
-def _paper_lm_layer(name: str) -> torch.nn.Module:
-    cfg = yaml.safe_load((ROOT / "configs/mgk/paper" / f"{name}.yaml").read_text())["model"]["init_args"]
-    model = {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg["model"].items()}
-    xl = replace(TransformerXLConfig(**model), n_layer=1, n_token=10, cutoffs=(), tie_projs=None)
-    return MGKLM(xl, MGKConfig(**cfg["mgk"])).layers[0]
-
-
 @pytest.mark.parametrize("name", ["wt103_softmax8", "wt103_linear8", "wt103_mgk4", "wt103_mgk8", "wt103_smgk8",
                                   "wt103_mlk4", "wt103_mlk8"])
 def test_paper_lm_layer_parameter_count_equals_official(name):
     _, meta = fixture("counts")
-    ours = sum(p.numel() for p in _paper_lm_layer(name).parameters())
+    ours = sum(p.numel() for p in our_lm_layer(name).parameters())  # the layer `repro bench-mgk-authors` times
     assert ours == meta[f"lm.{name}"], f"{name}: ours {ours}, official {meta[f'lm.{name}']}"
 
 
