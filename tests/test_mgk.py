@@ -19,13 +19,14 @@ def _randomise(module):
                 p.copy_(torch.randn_like(p))
 
 
-def naive_mgk(att, h, mask, *, hard=False):
-    """a_ij = Σ_r π_r exp(−‖q_i−k_jr‖²/2σ_r²) / Σ_j' Σ_r …  (hard: max_r instead of Σ_r π_r), by loops."""
+def naive_mgk(att, h, mask, *, hard=False, eps=0.0):
+    """a_ij = Σ_r π_r exp(−‖q_i−k_jr‖²/2σ_r²) / (Σ_j' Σ_r … + eps)  (hard: max_r instead of Σ_r π_r), by loops;
+    π per head, or per head and key position."""
     q, k, v = att.proj(h, h)
     b, nh, t, e = q.shape
     r_n = k.shape[2]
     s2 = att.log_sigma2.exp()
-    pi = None if hard else att.weights.log_pi(k.shape[3])[0, :, 0, 0].exp()
+    pi_all = None if hard else att.weights.log_pi(k.shape[3]).exp()[0, :, 0]  # (H, K or 1, R)
     out = torch.zeros(b, nh, t, e, dtype=torch.float64)
     for bb in range(b):
         for hh in range(nh):
@@ -37,10 +38,28 @@ def naive_mgk(att, h, mask, *, hard=False):
                         continue
                     terms = [math.exp(-((q[bb, hh, i] - k[bb, hh, r, j]) ** 2).sum().item() / (2 * s2[hh, r].item()))
                              for r in range(r_n)]
-                    w.append(max(terms) if hard else sum(pi[hh, r].item() * terms[r] for r in range(r_n)))
+                    pi = None if hard else pi_all[hh, j if pi_all.shape[1] > 1 else 0]
+                    w.append(max(terms) if hard else sum(pi[r].item() * terms[r] for r in range(r_n)))
                 w = torch.tensor(w, dtype=torch.float64)
-                out[bb, hh, i] = (w / w.sum()) @ v[bb, hh].double()
+                out[bb, hh, i] = (w / (w.sum() + eps)) @ v[bb, hh].double()
     return att.o_net(out.float().transpose(1, 2).reshape(b, t, nh * e))
+
+
+def test_lm_official_normalisation_equals_the_formula_where_the_epsilon_matters():
+    """The paper configs' form (`lm_official`, π per key position): a / (Σ a + 1e-6), here with inputs far enough
+    apart that Σ a is near 1e-6, so that the ε changes the output by far more than the tolerance."""
+    torch.manual_seed(1)
+    att = MGKAttention(d_model=D, n_head=H, d_head=E, dropatt=0.0, pi_layout="position", max_klen=8,
+                       form="lm_official").eval()
+    with torch.no_grad():
+        att.weights.pi.uniform_(0.1, 0.9)
+    h = torch.randn(2, 5, D) * 2.8
+    mask = causal_mask(5, 5)
+    out, _ = att(h, mask_TK=mask)
+    with torch.no_grad():
+        ref, ref_no_eps = naive_mgk(att, h, mask, eps=1e-6), naive_mgk(att, h, mask)
+    assert (ref - ref_no_eps).abs().max() > 1000 * 1e-5  # the test has power: ε moves the output (0.06)
+    assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("keys,pi,learn_var", [("separate", "gradient", False), ("shifted", "gradient", True),
