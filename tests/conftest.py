@@ -9,6 +9,12 @@ _CACHE = Path(os.environ.get("REPRO_TEST_DATA", Path(__file__).resolve().parent.
 os.environ["REPRO_DATA"] = str(_CACHE)
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_CACHE / 'mlflow-tests.db'}")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# REPRO_TEST_DEVICE=cuda runs the tests on a GPU (what is meant for it: the parity suite, `tests/parity`): tensors
+# are made there unless a test says otherwise, fixtures load there, and float32 products stay float32 (no TF32)
+if os.environ.get("REPRO_TEST_DEVICE"):
+    torch.set_default_device(os.environ["REPRO_TEST_DEVICE"])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 ROOT = Path(__file__).resolve().parent.parent
 

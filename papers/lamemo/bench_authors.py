@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from papers.transformer_xl.bench_authors import _Ours, _shims, interleaved, token_stream
+from papers.transformer_xl.bench_authors import _Ours, _shims, device_name, interleaved, token_stream
 
 SHAPES = {
     "tiny_char": dict(n_layer=3, d_model=128, n_head=4, d_head=32, d_inner=256, n_token=204, batch=16, tgt=32,
@@ -73,7 +73,7 @@ class _Theirs:
 
 
 def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
-        threads: int) -> dict:
+        threads: int, device: str = "cpu") -> dict:
     from papers.lamemo.model import LaMemo, LaMemoConfig
     from papers.transformer_xl.model import TransformerXLConfig
 
@@ -87,7 +87,9 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
         "theirs_txl": _Theirs(mt, s, 0), "theirs_lamemo": _Theirs(mt, s, 3),
         "ours_txl": _Ours(s, mode), "ours_lamemo": _Ours(s, mode, model=LaMemo(cfg, LaMemoConfig()), kv_memory=False),
     }
-    speeds = interleaved(codes, token_stream(s, warmup + steps), mode=mode, precision=precision, rounds=rounds,
+    for code in codes.values():
+        code.model.to(device)
+    speeds = interleaved(codes, token_stream(s, warmup + steps, device), mode=mode, precision=precision, rounds=rounds,
                          steps=steps, warmup=warmup)
 
     def ratio(a: str, b: str) -> list[float]:
@@ -100,7 +102,7 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
                                 "ours": ratio("ours_lamemo", "ours_txl")},
             "ours_over_theirs": {"txl": ratio("ours_txl", "theirs_txl"), "lamemo": ratio("ours_lamemo", "theirs_lamemo")},
             "parameters": {k: sum(p.numel() for p in c.model.parameters()) for k, c in codes.items()},
-            "torch": torch.__version__}
+            "device": device_name(device), "torch": torch.__version__}
 
 
 def main(argv: list[str]) -> None:
@@ -115,10 +117,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: all four models on it")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
     row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
-              warmup=a.warmup, threads=a.threads)
+              warmup=a.warmup, threads=a.threads, device=a.device)
     if a.output:
         with a.output.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -114,23 +114,25 @@ def _official(checkout: Path):
 
 
 def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: int, rounds: int, steps: int,
-        warmup: int, threads: int) -> list[dict]:
+        warmup: int, threads: int, device: str = "cpu") -> list[dict]:
+    from papers.transformer_xl.bench_authors import _sync, device_name  # noqa: PLC0415
     from repro.nn.attention import causal_mask  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     mt = _official(checkout)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    mask_theirs = torch.triu(torch.ones(segment, segment, dtype=torch.bool), diagonal=1)[:, :, None]
-    mask_ours = causal_mask(segment, segment)
+    dev = torch.device(device)
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    mask_theirs = torch.triu(torch.ones(segment, segment, dtype=torch.bool, device=dev), diagonal=1)[:, :, None]
+    mask_ours = causal_mask(segment, segment, device=dev)
     rows = []
     for config in configs:
         attn_type, mode, n_head = PAPER_LM[config]
         torch.manual_seed(0)
-        ours = our_lm_layer(config).train()
+        ours = our_lm_layer(config).train().to(dev)
         c = ours.attn.o_net.weight.shape  # (d_model, H·E)
         theirs = official_lm_layer(mt, attn_type, mode, n_head=n_head, d_model=c[0], d_head=c[1] // n_head,
-                                   d_inner=ours.ff.net[0].out_features, dropout=ours.drop.p).train()
-        x_TBD = torch.randn(segment, batch, c[0])
+                                   d_inner=ours.ff.net[0].out_features, dropout=ours.drop.p).train().to(dev)
+        x_TBD = torch.randn(segment, batch, c[0]).to(dev)
 
         def step_theirs():
             x = x_TBD.clone().requires_grad_()
@@ -150,9 +152,11 @@ def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: i
                 step()
         for _ in range(rounds):
             for name, step in (("theirs", step_theirs), ("ours", step_ours)):
+                _sync(dev)
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     step()
+                _sync(dev)
                 speeds[name].append(round(steps * batch * segment / (time.perf_counter() - t0), 1))
         rows.append({"config": config, "attn_type": attn_type, "update_mode": mode or "", "precision": precision,
                      "batch": batch, "segment": segment, "threads": threads, "rounds": rounds, "steps": steps,
@@ -160,7 +164,7 @@ def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: i
                      "ours_over_theirs": [round(o / t, 3) for o, t in zip(speeds["ours"], speeds["theirs"])],
                      "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
                                     "ours": sum(p.numel() for p in ours.parameters())},
-                     "torch": torch.__version__})
+                     "device": device_name(device), "torch": torch.__version__})
     return rows
 
 
@@ -179,6 +183,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both layers on it")
     p.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
     a = p.parse_args(argv)
     configs = [c for c in a.configs.split(",") if c]
@@ -187,7 +192,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"repro bench-mgk-authors: --configs takes {', '.join(TIMED)}; got {', '.join(bad)}")
     keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
     rows = run(a.checkout, configs=configs, precision=a.precision, batch=a.batch, segment=a.segment,
-               rounds=a.rounds, steps=a.steps, warmup=a.warmup, threads=a.threads)
+               rounds=a.rounds, steps=a.steps, warmup=a.warmup, threads=a.threads, device=a.device)
     for row in rows:
         if a.output:
             with a.output.open("a") as f:

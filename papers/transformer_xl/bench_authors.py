@@ -106,18 +106,26 @@ class _Ours:
         return self.model.nll(h, y_BT).mean()
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -> float:
-    """Tokens per second of `steps` segments after `warmup` (the memory carried through all of them)."""
+    """Tokens per second of `steps` segments after `warmup` (the memory carried through all of them), on the
+    stream's device (a GPU's queue is drained before the clock starts and before it is read)."""
     model = code.model
     model.train(mode == "train")
     opt = torch.optim.Adam(model.parameters(), lr=1e-4) if mode == "train" else None
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    device = stream[0][0].device
+    cast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     code.reset()
     grad = nullcontext() if mode == "train" else torch.inference_mode()
     b, t = stream[0][0].shape
     start = 0.0
     for i, (x, y) in enumerate(stream[: warmup + steps]):
         if i == warmup:
+            _sync(device)
             start = time.perf_counter()
         with grad, cast:
             loss = code.forward(x, y)
@@ -127,13 +135,15 @@ def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -
             opt.step()
             opt.zero_grad(set_to_none=True)
             code.detach()
+    _sync(device)
     return b * t * steps / (time.perf_counter() - start)
 
 
-def token_stream(s: dict, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """n segments (input, target) of (batch, segment) tokens drawn uniformly with a fixed seed."""
+def token_stream(s: dict, n: int, device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n segments (input, target) of (batch, segment) tokens drawn uniformly with a fixed seed (on the CPU, the
+    same tokens whatever the device), on `device`."""
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, s["n_token"], (s["batch"], n * s["tgt"] + 1), generator=g)
+    tokens = torch.randint(0, s["n_token"], (s["batch"], n * s["tgt"] + 1), generator=g, device="cpu").to(device)
     return [(tokens[:, i * s["tgt"]:(i + 1) * s["tgt"]], tokens[:, i * s["tgt"] + 1:(i + 1) * s["tgt"] + 1])
             for i in range(n)]
 
@@ -153,7 +163,7 @@ def _build(which: str, checkout: Path, s: dict, mode: str):
 
 
 def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precision: str, steps: int, warmup: int,
-           threads: int, keep_freed: bool) -> None:
+           threads: int, keep_freed: bool, device: str = "cpu") -> None:
     """One code in its own process: built once, then timed whenever the parent asks (None ends it). Its first
     message is (parameter count, whether `repro.allocator`'s policy is in force)."""
     applied = False
@@ -164,15 +174,16 @@ def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precisio
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     code = _build(which, checkout, s, mode)
-    stream = token_stream(s, warmup + steps)
+    code.model.to(device)
+    stream = token_stream(s, warmup + steps, device)
     conn.send((sum(p.numel() for p in code.model.parameters()), applied))
     while conn.recv() is not None:
         conn.send(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
 
 
 def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | None, s: dict, *, mode: str,
-                          precision: str, rounds: int, steps: int, warmup: int, threads: int
-                          ) -> tuple[dict, dict, dict]:
+                          precision: str, rounds: int, steps: int, warmup: int, threads: int,
+                          device: str = "cpu") -> tuple[dict, dict, dict]:
     """Tokens/s of every code in every round, taking turns, each in its own (spawned) process. `codes`: name →
     (`"theirs"` or `"ours"`, whether the process keeps freed memory as `repro` does, `repro.allocator`). Returns
     (speeds, parameter counts, whether each process had the allocator policy in force)."""
@@ -183,7 +194,7 @@ def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | N
     for name, (which, keep) in codes.items():
         parent, child = ctx.Pipe()
         procs[name] = ctx.Process(target=_serve, args=(child, which, checkout, s, mode, precision, steps, warmup,
-                                                       threads, keep), daemon=True)
+                                                       threads, keep, device), daemon=True)
         procs[name].start()
         conns[name] = parent
     try:
@@ -203,19 +214,25 @@ def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | N
 
 
 def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
-        threads: int, same_allocator: bool = False) -> dict:
-    s = SHAPES[shape]
+        threads: int, same_allocator: bool = False, device: str = "cpu", batch: int | None = None) -> dict:
+    s = dict(SHAPES[shape], batch=batch or SHAPES[shape]["batch"])
     _official(checkout)  # a bad checkout fails here, in one line, before any process starts
     codes = {"theirs": ("theirs", same_allocator), "ours": ("ours", True)}  # theirs as their train.py runs
     speeds, params, policy = interleaved_processes(codes, checkout, s, mode=mode, precision=precision, rounds=rounds,
-                                                   steps=steps, warmup=warmup, threads=threads)
+                                                   steps=steps, warmup=warmup, threads=threads, device=device)
     ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
     return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
             "allocator": {k: "repro (freed memory kept)" if v else "C library default" for k, v in policy.items()},
             "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in speeds.items()},
             "ratio": [round(r, 3) for r in ratios], "ratio_median": round(statistics.median(ratios), 3),
-            "parameters": params, "torch": torch.__version__}
+            "parameters": params, "device": device_name(device), "torch": torch.__version__}
+
+
+def device_name(device: str) -> str:
+    """What a row was measured on: the GPU's name, or `cpu`."""
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def main(argv: list[str]) -> None:
@@ -230,12 +247,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both codes on it")
+    p.add_argument("--batch", type=int, help="sequences per step instead of the shape's (e.g. a GPU's batch)")
     p.add_argument("--same-allocator", action="store_true",
                    help="run theirs with our allocator policy too (repro.allocator); default: the C library's")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
     row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
-              warmup=a.warmup, threads=a.threads, same_allocator=a.same_allocator)
+              warmup=a.warmup, threads=a.threads, same_allocator=a.same_allocator, device=a.device,
+              batch=a.batch)
     if a.output:
         with a.output.open("a") as f:
             f.write(json.dumps(row) + "\n")

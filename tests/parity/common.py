@@ -68,7 +68,8 @@ def load_fixture(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":  # gzip (save_fixture); a plain torch file also loads
         data = gzip.decompress(data)
-    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    # on the test device (tests/conftest.py: REPRO_TEST_DEVICE, e.g. cuda; the CPU by default)
+    payload = torch.load(io.BytesIO(data), map_location=os.environ.get("REPRO_TEST_DEVICE", "cpu"), weights_only=True)
     return payload["tensors"], payload["meta"]
 
 
@@ -98,7 +99,8 @@ def enlarge_(module: torch.nn.Module, *, std: float = 0.2, seed: int = 0) -> Non
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * std
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64, device="cpu")  # the same on any device
+            noise = noise.to(p.device, p.dtype) * std
             if isinstance(p, torch.nn.Parameter) and ("layer_norm" in name or ".ln" in name or "norm" in name) \
                     and name.endswith("weight"):
                 p.copy_(1.0 + noise)

@@ -96,8 +96,9 @@ def build(name: str, *, mu_0="fixture", grid: str = "official", emulate_grid: bo
     ltm.load_state_dict({NAME_MAP[k]: v for k, v in theirs.items() if k in NAME_MAP})
     ltm.eval()
     if emulate_grid:
-        ltm._G[("update", cfg.n_samples, meta["length"], "cpu")] = official_update_G(
-            cfg, cfg.n_samples, meta["length"]).float()
+        device = tensors["input.q"].device  # the test device's (REPRO_TEST_DEVICE)
+        ltm._G[("update", cfg.n_samples, meta["length"], str(device))] = official_update_G(
+            cfg, cfg.n_samples, meta["length"]).float().to(device)
     return ltm, tensors, meta
 
 
@@ -206,7 +207,7 @@ def test_official_grid_option_builds_the_official_G():
         cfg = LTMConfig(n_basis=64, widths=(0.01, 0.05), ridge=1.0, tau=tau, n_samples=512, grid="official")
         ltm = ContinuousLTM(d_model=8, n_head=2, d_head=4, cfg=cfg)
         ours = ltm.ridge_G("update", 512, n_new, "cpu")
-        torch.testing.assert_close(ours, official_update_G(cfg, 512, n_new).float(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(ours, official_update_G(cfg, 512, n_new).float().cpu(), atol=1e-6, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ parameter counts
