@@ -25,7 +25,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from repro.metrics import TokenNLL
+from repro.metrics import TokenNLL, scored
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ class SegmentLM(L.LightningModule):
         self.nll_metrics[split].update(nll)
 
     def _eval_end(self, split: str) -> None:
-        result = self.nll_metrics[split].compute()
+        result = scored(self.nll_metrics[split])
         loss = result["mean_nll"]
         prefix = "val" if split == "valid" else split
         self.log(f"{prefix}/loss", loss.float(), sync_dist=False)

@@ -152,3 +152,18 @@ def test_an_unreachable_hub_is_detected_and_set_offline(monkeypatch):
     t0 = time.time()
     assert tokenizer.hub_offline(timeout=1.0)
     assert os.environ["HF_HUB_OFFLINE"] == "1" and time.time() - t0 < 3
+
+
+def test_an_evaluation_that_scores_nothing_says_what_to_change(tmp_path, monkeypatch, capsys):
+    """Sorting scores only the answer at each sequence's end (8 segments of 64 here): a validation limited to one
+    batch scores no token. One line naming the setting, and no library warning before it."""
+    import warnings
+
+    monkeypatch.chdir(tmp_path)
+    config = os.path.join(ROOT, "configs/infinity_former/tiny/sort_512_infty.yaml")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _one_line_error(capsys, ["fit", "-c", config, "--trainer.max_steps", "1", "--trainer.limit_val_batches",
+                                        "1", "--trainer.val_check_interval", "1", "--run.tracking", "none"])
+    assert "scored no token" in line and "--trainer.limit_val_batches" in line
+    assert not [w for w in caught if "update" in str(w.message)], [str(w.message) for w in caught]

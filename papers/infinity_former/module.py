@@ -36,6 +36,7 @@ from papers.infinity_former.ltm import LTMConfig
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.data.sorting import N_SYMBOLS, PAD
 from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
+from repro.metrics import scored
 from repro.metrics.sorting import SortedTokenAccuracy
 
 BACKBONES = ("transformer_xl", "infinity_former", "compressive")
@@ -215,7 +216,7 @@ class SortingLM(InfinityFormerLM):
 
     def _eval_end(self, split: str) -> None:
         prefix = "val" if split == "valid" else split
-        result = self.nll_metrics[split].compute()
+        result = scored(self.nll_metrics[split])
         self.log(f"{prefix}/loss", result["mean_nll"].float(), sync_dist=False)
         self.log(f"{prefix}/ppl", torch.exp(result["mean_nll"]).float(), sync_dist=False)
         self.log(f"{prefix}/bpc", (result["mean_nll"] / math.log(2)).float(), sync_dist=False)

@@ -1,3 +1,3 @@
-from repro.metrics.lm import TokenNLL, bpc, perplexity
+from repro.metrics.lm import TokenNLL, bpc, perplexity, scored
 
-__all__ = ["TokenNLL", "bpc", "perplexity"]
+__all__ = ["TokenNLL", "bpc", "perplexity", "scored"]

@@ -8,6 +8,7 @@ weights a short last segment or a rank with fewer tokens wrongly.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torchmetrics import Metric
@@ -32,9 +33,20 @@ class TokenNLL(Metric):
         self.tokens += nll.numel()
 
     def compute(self) -> dict[str, torch.Tensor]:
-        if self.tokens == 0:
-            raise RuntimeError("no token was scored")
+        if self.tokens == 0:  # a user's setting, not a fault of the code: one line that says what to change
+            raise ValueError("this evaluation scored no token: the batches it ran hold no scored position (is "
+                             "--trainer.limit_val_batches or limit_test_batches below the segments of one "
+                             "sequence? the sorting task scores only the answer at each sequence's end); let it "
+                             "run more batches")
         return {"mean_nll": self.nll_sum / self.tokens, "tokens": self.tokens.clone()}
+
+
+def scored(metric: TokenNLL) -> dict[str, torch.Tensor]:
+    """`metric.compute()` (over all ranks) without torchmetrics' warning for a metric never updated on this rank:
+    where no rank scored a token, the one-line error of `compute` says what to change."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*called before the ``update`` method.*")
+        return metric.compute()
 
 
 def perplexity(mean_nll: float) -> float:
