@@ -73,3 +73,16 @@ def test_mgk_bench_times_the_paper_configs_layer(config):
     assert layer.drop.p == 0.1
     if config != "wt103_softmax8":
         assert layer.attn.form == "lm_official"
+
+
+@pytest.mark.parametrize("module", ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors",
+                                    "papers.mgk.bench_authors"])
+@pytest.mark.parametrize("device, message", [("tpu:0", "is not a device"),
+                                             ("meta", "only cpu and cuda are timed")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "sees no GPU")]))
+def test_a_device_it_cannot_time_on_is_refused_in_one_line(module, device, message, tmp_path):
+    """`--device` is checked before a checkout is read or a model built (the checkout here is empty)."""
+    import importlib
+
+    with pytest.raises(SystemExit, match=message):
+        importlib.import_module(module).main(["--checkout", str(tmp_path), "--device", device])

@@ -10,7 +10,8 @@ must be at least the official code's own ratio and ≥ 0.65), and each model's s
 Shapes: `tiny_char` (the tiny profile's char models: 3 layers, width 128, 4 heads of 32, inner 256, segment =
 memory = 32, batch 16, no dropout, 204 symbols) and `enwik8` (the paper's enwik8 base: 12 layers, width 512, 8 heads
 of 64, inner 2048, segment = memory = 512, batch 2, dropout 0.1). Evaluation keeps the shape (memory = segment,
-no clamp); our Transformer-XL evaluates with its key/value memory, our LaMemo with its state memory.
+no clamp); our Transformer-XL evaluates with its key/value memory, our LaMemo with its state memory. `--device cuda`
+puts all four on a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from papers.transformer_xl.bench_authors import _Ours, _shims, device_name, interleaved, token_stream
+from papers.transformer_xl.bench_authors import (_Ours, _shims, check_device, device_name, interleaved,
+                                                 token_stream)
 
 SHAPES = {
     "tiny_char": dict(n_layer=3, d_model=128, n_head=4, d_head=32, d_inner=256, n_token=204, batch=16, tgt=32,
@@ -120,6 +122,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: all four models on it")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
+    check_device(p.prog, a.device)
     row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
               warmup=a.warmup, threads=a.threads, device=a.device)
     if a.output:

@@ -11,6 +11,7 @@ and sMGK) and feed-forward at the paper configs' shapes (width 128, heads of 16,
 Differs from the full-model benchmarks: no embedding, adaptive softmax or optimizer (the same in both codes up to
 what `papers.transformer_xl.bench_authors` measures). The linear variants (attn_type 34/400) are left out: the
 official code runs them through a CUDA kernel, which a CPU replaces by a Python loop (not the authors' speed).
+`--device cuda` puts both layers on a GPU (the clock read with its queue drained).
 
 Run-time shims only (`install_shims`, also used by tests/parity/make_mgk.py): the CUDA extensions imported by
 `mem_transformer.py` are modules holding a Python `fast_weight_sum` (unused by the softmax-family layers timed
@@ -190,6 +191,9 @@ def main(argv: list[str]) -> None:
     bad = [c for c in configs if c not in TIMED]
     if bad:
         raise SystemExit(f"repro bench-mgk-authors: --configs takes {', '.join(TIMED)}; got {', '.join(bad)}")
+    from papers.transformer_xl.bench_authors import check_device  # noqa: PLC0415
+
+    check_device(p.prog, a.device)
     keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
     rows = run(a.checkout, configs=configs, precision=a.precision, batch=a.batch, segment=a.segment,
                rounds=a.rounds, steps=a.steps, warmup=a.warmup, threads=a.threads, device=a.device)

@@ -15,7 +15,9 @@ runs), or with ours too (`--same-allocator`). `interleaved` is the one-process f
 Shapes (issue 15's table): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
 batch 2, segment = memory = 512, dropout 0.1) and `small` (4 layers, width 128, 4 heads of 32, inner 512, the
 4,720-word vocabulary of `embedded-word`, batch 16, segment = memory = 128, dropout 0.1). Evaluation keeps the
-shape with memory = segment, no clamp and no same_length. bf16 is `torch.autocast` on both.
+shape with memory = segment, no clamp and no same_length. bf16 is `torch.autocast` on both. `--device cuda` runs
+both on a GPU (the clock starts and stops with the GPU's queue drained) and `--batch` replaces the shape's batch
+(e.g. the paper's 22 sequences per step, which a GPU needs to be measured doing more than launching kernels).
 """
 
 from __future__ import annotations
@@ -235,6 +237,18 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
+def check_device(prog: str, device: str) -> None:
+    """A `--device` this process cannot use ends the command in one line, before anything is built."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise SystemExit(f"{prog}: --device {device!r} is not a device; give cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{prog}: --device {device}: this torch ({torch.__version__}) sees no GPU; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"{prog}: --device {device}: only cpu and cuda are timed")
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -253,6 +267,7 @@ def main(argv: list[str]) -> None:
                    help="run theirs with our allocator policy too (repro.allocator); default: the C library's")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
+    check_device(p.prog, a.device)
     row = run(a.checkout, shape=a.shape, mode=a.mode, precision=a.precision, rounds=a.rounds, steps=a.steps,
               warmup=a.warmup, threads=a.threads, same_allocator=a.same_allocator, device=a.device,
               batch=a.batch)
