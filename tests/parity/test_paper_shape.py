@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.parity.common import TOLERANCE, enlarge_
-from tests.parity.test_transformer_xl_parity import build_ours
+from tests.parity.test_transformer_xl_parity import build_ours, run_ours
 
 CHECKOUT = os.environ.get("REPRO_AUTHORS_TXL")
 SHAPE = dict(n_layer=12, n_head=8, d_model=512, d_head=64, d_inner=2048)
@@ -53,40 +53,29 @@ def _run_theirs(model, stream_TB):
     return torch.stack(losses), memories
 
 
-def _run_ours(model, stream_TB, *, memory=True, kv_memory=False):
-    losses, memories, mems = [], [], None
-    with torch.no_grad():
-        for s in range(SEGMENTS):
-            x, y = stream_TB[s * T:(s + 1) * T].T.contiguous(), stream_TB[s * T + 1:(s + 1) * T + 1].T.contiguous()
-            hidden, new = model(x, mems if memory else None, mem_len=M, kv_memory=kv_memory)
-            mems = new
-            losses.append(model.nll(hidden, y).T)
-            if not kv_memory:
-                memories.append(torch.stack([m.transpose(0, 1) for m in new]))
-    return torch.stack(losses), memories
-
-
 def test_enwik8_shape_matches_official():
     theirs = _theirs()
     device = theirs.word_emb.emb_layers[0].weight.device
     g = torch.Generator().manual_seed(0)
     stream_TB = torch.randint(0, N_TOKEN, (SEGMENTS * T + 1, B), generator=g, device="cpu").to(device)
     ref_loss, ref_mems = _run_theirs(theirs, stream_TB)
-    meta = {"model": dict(SHAPE, n_token=N_TOKEN, attn_type=0, tie_projs=[False])}
+    meta = {"model": dict(SHAPE, n_token=N_TOKEN, attn_type=0, tie_projs=[False]), "tgt_len": T, "mem_len": M,
+            "clamp_len": -1, "same_length": False, "segments": SEGMENTS}
+    tensors = {"input.stream": stream_TB}
     ours = build_ours(meta, theirs.state_dict())
-    losses, mems = _run_ours(ours, stream_TB)
+    losses, mems = run_ours(ours, tensors, meta)
     torch.testing.assert_close(losses, ref_loss, atol=TOLERANCE, rtol=TOLERANCE)
     for got, ref in zip(mems, ref_mems, strict=True):
         torch.testing.assert_close(got, ref, atol=TOLERANCE, rtol=TOLERANCE)
-    kv_losses, _ = _run_ours(ours, stream_TB, kv_memory=True)  # our evaluation's key/value memory
+    kv_losses, _ = run_ours(ours, tensors, meta, kv_memory=True)  # our evaluation's key/value memory
     torch.testing.assert_close(kv_losses, ref_loss, atol=TOLERANCE, rtol=TOLERANCE)
     # the power of the comparison: without the memory the later segments' losses move far beyond the tolerance
     # (by up to 1.8 on the CPU), and so do they with u and v swapped (0.6)
-    bare, _ = _run_ours(ours, stream_TB, memory=False)
+    bare, _ = run_ours(ours, tensors, meta, memory=False)
     assert (bare[1:] - ref_loss[1:]).abs().max() > 100 * TOLERANCE
     with torch.no_grad():
         u = ours.r_w_bias.clone()
         ours.r_w_bias.copy_(ours.r_r_bias)
         ours.r_r_bias.copy_(u)
-    swapped, _ = _run_ours(ours, stream_TB)
+    swapped, _ = run_ours(ours, tensors, meta)
     assert (swapped - ref_loss).abs().max() > 100 * TOLERANCE
