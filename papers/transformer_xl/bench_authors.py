@@ -109,6 +109,8 @@ class _Ours:
 
 
 def _sync(device: torch.device) -> None:
+    """`repro.bench`'s clock barrier, repeated here: importing `repro.bench` brings Lightning into each timed
+    process, and with it a torch warning ("triton not found; flop counting …") on the terminal."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
