@@ -25,6 +25,11 @@ update drew (`output.sample_points`: (steps − 1, B, 512), recorded from their 
 bin probabilities they drew them from (`output.bin_probs`: (steps − 1, B, 128), recorded from the `Categorical`
 they build), so that the test can feed the same points to our module.
 
+The whole sorting model (`tests/parity/infinity_former/model_sorting.pt`, `make_sorting_model`): their
+`sorting/mem_transformer.py` `MemTransformerLM` with the LTM at small sizes over 6 segments (logits, losses, KL
+terms, gradients); shims as for the parameter counts below, and `augment = True` (read by their `_update_mems`,
+never set).
+
 Parameter counts (`tests/parity/infinity_former/param_counts.pt`, `count_parameters`): the whole official models
 built at the paper configs' settings, on the meta device (their `LongTermAttention` constructors, which iterate
 over tensors, run on the CPU inside it). Sorting: `sorting/mem_transformer.py` `MemTransformerLM` with the
@@ -261,23 +266,97 @@ def _counts(model: torch.nn.Module, copy: str, checkout: Path) -> dict:
     return {"total": total, "unread": unread, "used": total - sum(unread.values())}
 
 
-def _sorting_counts(checkout: Path) -> dict:
+@contextmanager
+def _sorting_modules(checkout: Path):
+    """Their `sorting/` modules (`long_term_attention`, `mem_transformer`) importable inside the block."""
     _stub_entmax()
     for name in ("attention", "long_term_attention_transformer"):  # imported by mem_transformer.py, not released
         stub = types.ModuleType(name)
         stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
         sys.modules[name] = stub
-    out = {}
     cuda_version = torch.version.cuda
     torch.version.cuda = cuda_version or "10.0"  # read at import by their utils/proj_adaptive_softmax.py
-    with on_path(checkout / "sorting"), on_path(checkout / "sorting" / "utils"):
-        try:
-            import long_term_attention as lta
-            import mem_transformer as mt
-        finally:
-            torch.version.cuda = cuda_version
+    try:
+        with on_path(checkout / "sorting"), on_path(checkout / "sorting" / "utils"):
+            try:
+                import long_term_attention as lta
+                import mem_transformer as mt
+            finally:
+                torch.version.cuda = cuda_version
+            lta.LongTermAttention.share_mask = False  # read by their constructor, never set (official defect)
+            yield lta, mt
+    finally:
+        for name in ("attention", "long_term_attention_transformer"):
+            sys.modules.pop(name, None)
 
-        lta.LongTermAttention.share_mask = False
+
+# ------------------------------------------------------------------------------- the whole sorting model
+
+# their `sorting/` MemTransformerLM with the LTM, at small sizes, in the official setting (segment = STM =
+# augment_len = T): the LTM's first fit comes at segment 3, then one update per segment
+MODEL = dict(n_token=22, n_layer=3, n_head=2, d_head=4, d_inner=16, tgt_len=8, n_basis=16, batch=2, segments=6,
+             kl_weight=0.01, sigma_scale=5.0)
+
+
+def make_sorting_model(checkout: Path, commit: str) -> None:
+    """Their whole sorting model over MODEL["segments"] segments: logits, KL and the loss's gradients.
+
+    Shims beyond `_sorting_modules`: `augment = True` (read by their `_update_mems`, never set: the official
+    defect; True is the only reading under which their LTM receives anything), and their constructor called with
+    its own signature. Every segment runs with `doc_final=True` (their output projection, which their loop applies
+    to the last segment only; the memory does not depend on it), fp32, in eval mode (no dropout). The weights are
+    drawn large (`enlarge_`), the σ² affines ×5 on top, so that σ² spans narrow and wide Gaussians. The gradient
+    is that of Σ over segments of (their loss + kl_weight × their KL term's mean: 0.01 instead of their 1e-6, so
+    that the KL's gradient is of the loss's size), each segment's graph ending at the detached memory, as in their
+    loop."""
+    m = MODEL
+    t, d = m["tgt_len"], m["n_head"] * m["d_head"]
+    with _sorting_modules(checkout) as (lta, mt):
+        torch.manual_seed(0)
+        with _cuda_on_cpu():
+            model = mt.MemTransformerLM(
+                m["n_token"], m["n_layer"], m["n_head"], d, m["d_head"], m["d_inner"], 0.0, 0.0, tie_weight=True,
+                tgt_len=t, eval_tgt_len=t, ext_len=0, mem_len=t, attn_type=0, long_term_attention=True,
+                long_term_attention_basis=m["n_basis"], long_term_attention_norm="softmax", infinite_memory=True,
+                n_layers=m["n_layer"], augment_len=t, affines=True, mask=True, mask_type="cnn",
+                kl_regularizer=True, sigma_0=0.05, mu_0=None)
+        for module in model.modules():
+            if isinstance(module, lta.LongTermAttention):
+                module.device = "cpu"
+        model.augment = True
+        model.eval()
+        enlarge_(model, std=0.2, seed=1)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, lta.LongTermAttention):
+                    module.sigma.weight.mul_(m["sigma_scale"])
+        g = torch.Generator().manual_seed(2)
+        stream = torch.randint(0, m["n_token"], (m["segments"] * t, m["batch"]), generator=g)
+        target = torch.randint(0, m["n_token"], (m["segments"] * t, m["batch"]), generator=g)  # 21 = pad: ignored
+        logits, kls, losses, mems, total = [], [], [], [], 0.0
+        for s in range(m["segments"]):
+            x, y = stream[s * t:(s + 1) * t], target[s * t:(s + 1) * t]
+            ret, pred, _, kl = model(x, y, *mems, doc_final=True)
+            loss, mems = ret[0], ret[1:]
+            logits.append(pred.detach().view(t, m["batch"], -1).transpose(0, 1))
+            losses.append(loss.detach())
+            kls.append(kl.detach() if kl is not None else torch.zeros(m["batch"], m["n_head"] * t))
+            total = total + loss + (m["kl_weight"] * kl.mean() if kl is not None else 0.0)
+        total.backward()
+    tensors = {f"weight.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"grad.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
+    tensors.update({"input.stream": stream, "input.target": target, "output.logits": torch.stack(logits),
+                    "output.loss": torch.stack(losses), "output.kl": torch.stack(kls)})
+    meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": "model_sorting", **m,
+            "d_model": d, "n_samples": 512, "tau": 0.75, "ridge": 1.0, "widths": [0.01, 0.05], "sigma_0": 0.05,
+            "min_var": 1e-6, "pad": 21, "ltm_first_segment": 2}
+    save_fixture(OUT / "model_sorting.pt", tensors, meta)
+    print(f"model_sorting: {sum(v.numel() for v in tensors.values())} numbers")
+
+
+def _sorting_counts(checkout: Path) -> dict:
+    out = {}
+    with _sorting_modules(checkout) as (lta, mt):
         _ltm_on_cpu(lta.LongTermAttention)
         base = dict(n_token=22, n_layer=3, n_head=6, d_model=300, d_head=50, d_inner=300, dropout=0.1, dropatt=0.0,
                     tie_weight=True, tgt_len=1024, eval_tgt_len=1024, ext_len=0, attn_type=0)
@@ -291,8 +370,6 @@ def _sorting_counts(checkout: Path) -> dict:
             with _cuda_on_cpu(), torch.device("meta"):
                 model = mt.MemTransformerLM(**base, **extra)
             out[key] = _counts(model, "sorting", checkout)
-    for name in ("attention", "long_term_attention_transformer"):
-        sys.modules.pop(name, None)
     return out
 
 
@@ -408,6 +485,7 @@ def main() -> None:
     if len(sys.argv) == 2:
         for name, case in CASES.items():
             make_case(checkout, name, case, commit)
+        make_sorting_model(checkout, commit)
     count_parameters(checkout, commit)
 
 

@@ -18,6 +18,15 @@ every paper config equals the official count less the parameters the official co
 with one documented difference (our sorting output bias, +22); the compressive baselines have no official code.
 Sensitivity: dropping the carried memory, swapping two of the gate's biases, or leaving out the μ term of the
 language-modelling KL moves the result by far more than the tolerance.
+
+The whole sorting model (`model_sorting.pt`): their `MemTransformerLM` with the LTM (3 layers, segment = STM =
+augment_len = 8, 6 segments: the LTM's first fit at the third, then 3 updates) against our `InfinityFormer`
+with the same weights: per segment the output distribution, the loss and the KL term, then the gradient of
+every parameter they read, to 1e-4 (gradients relative to their largest entry where it exceeds 1). This covers
+what the module fixtures cannot: which states enter the LTM and when, the LTM's queries, where its output joins
+the self-attention's, the KL summed over layers, and the backward pass through all of it. Forgetting the LTM's
+coefficients, swapping two gate biases or removing the LTM moves the later segments' outputs by 100–4,000× the
+tolerance.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from papers.infinity_former.ltm import (
 from tests.parity.common import HERE, TOLERANCE, load_fixture
 
 FIXTURES = HERE / "infinity_former"
-CASES = sorted(p.stem for p in FIXTURES.glob("*.pt") if p.stem != "param_counts")  # LTM cases
+CASES = sorted(p.stem for p in FIXTURES.glob("*.pt") if p.stem != "param_counts" and not p.stem.startswith("model_"))
 
 # their parameter -> ours (ContinuousLTM)
 NAME_MAP = {
@@ -267,3 +276,120 @@ def test_paper_config_parameter_counts_equal_the_official():
         assert row["parameters"] == counts[key]["used"] + extra, (row["experiment"], row["parameters"], counts[key])
         compared += 1
     assert compared == len(rows) - 6  # all but the 6 compressive configs
+
+
+# ------------------------------------------------------------------------------------- the whole sorting model
+
+MODEL_FIXTURE = FIXTURES / "model_sorting.pt"
+# their MemTransformerLM with the LTM -> ours (InfinityFormer): Transformer-XL's names, the LTM's, the output layer
+MODEL_LTM_PREFIX = (r"layers\.(\d+)\.dec_attn\.long_term_attention\.", r"layers.\1.attn.ltm.")
+MODEL_UNUSED = (r"layers\.\d+\.dec_attn\.qkv_net_\.weight", r"layers\.\d+\.dec_attn\.long_term_attention\.proj_query\.weight")
+
+
+def _model_name(key: str) -> str | None:
+    import re
+
+    from tests.parity.test_transformer_xl_parity import ours_name
+
+    if any(re.fullmatch(p, key) for p in MODEL_UNUSED):
+        return None
+    if key == "proj_output.weight":  # their output projection (no bias): our softmax layer's weight
+        return "crit.out_layers.0.weight"
+    prefix, target = MODEL_LTM_PREFIX
+    m = re.match(prefix, key)
+    if m:
+        return re.sub(prefix, target, key[: m.end()]) + NAME_MAP[key[m.end():]]
+    return ours_name(key)
+
+
+def build_model(*, grid: str = "official"):
+    """Our InfinityFormer with the fixture's weights (their whole sorting model); our output bias set to 0."""
+    from papers.infinity_former.model import InfinityFormer
+    from papers.transformer_xl.model import TransformerXLConfig
+
+    tensors, meta = load_fixture(MODEL_FIXTURE)
+    cfg = TransformerXLConfig(n_layer=meta["n_layer"], d_model=meta["d_model"], n_head=meta["n_head"],
+                              d_head=meta["d_head"], d_inner=meta["d_inner"], n_token=meta["n_token"], dropout=0.0,
+                              dropatt=0.0, cutoffs=(), tie_weight=False)
+    ltm = LTMConfig(n_basis=meta["n_basis"], widths=tuple(meta["widths"]), ridge=meta["ridge"], tau=meta["tau"],
+                    n_samples=meta["n_samples"], sampling="linear", gate=True, sigma_0=meta["sigma_0"], mu_0=None,
+                    min_var=meta["min_var"], kl_weight=meta["kl_weight"], grid=grid)
+    model = InfinityFormer(cfg, ltm).eval()
+    theirs = {k[len("weight."):]: v for k, v in tensors.items() if k.startswith("weight.")}
+    ours = {}
+    for key, value in theirs.items():
+        name = _model_name(key)
+        if name is not None:
+            ours[name] = value
+    ours["crit.out_layers.0.bias"] = torch.zeros(meta["n_token"], device=tensors["input.stream"].device)
+    assert set(ours) == set(model.state_dict()), sorted(set(ours) ^ set(model.state_dict()))
+    model.load_state_dict(ours)
+    return model, tensors, meta
+
+
+def run_model(model, tensors, meta, *, carry_ltm: bool = True):
+    """Our log-probabilities, losses and KL terms per segment, and the gradients of the fixture's objective."""
+    t, pad = meta["tgt_len"], meta["pad"]
+    model.zero_grad()
+    logp, losses, kls, mems, total = [], [], [], None, 0.0
+    n = meta["n_layer"]
+    for s in range(meta["segments"]):
+        x = tensors["input.stream"][s * t:(s + 1) * t].T
+        y = tensors["input.target"][s * t:(s + 1) * t].T
+        h, mems = model(x, mems, mem_len=t)
+        if not carry_ltm:  # the LTM forgets: every segment fits only the block that just entered it
+            mems = mems[:2 * n] + [c[:, :0] for c in mems[2 * n:3 * n]] + mems[3 * n:]
+        lp = model.log_prob(h)
+        loss = torch.nn.functional.nll_loss(lp.reshape(-1, lp.shape[-1]), y.reshape(-1), ignore_index=pad)
+        aux = model.aux_losses().get("ltm_kl")
+        total = total + loss + (aux if aux is not None else 0.0)
+        logp.append(lp.detach())
+        losses.append(loss.detach())
+        kls.append(model.diagnostics().get("ltm_kl", torch.zeros(())).detach())
+    total.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return torch.stack(logp), torch.stack(losses), torch.stack(kls), grads
+
+
+def test_sorting_model_matches_official():
+    """Their whole sorting model (`sorting/mem_transformer.py` MemTransformerLM with the LTM, official setting:
+    segment = STM = augment_len) against ours (`InfinityFormer`), same weights and inputs, 6 segments: the LTM's
+    first fit at the third, then 3 unbounded-memory updates. Per segment: the output distribution, the loss, the
+    KL term (their (B, H·T) terms summed over layers, averaged); then the gradient of every parameter they read."""
+    model, tensors, meta = build_model()
+    logp, losses, kls, grads = run_model(model, tensors, meta)
+    theirs = torch.log_softmax(tensors["output.logits"], -1)
+    for s in range(meta["segments"]):
+        _close(logp[s], theirs[s], f"segment {s} log-probabilities")
+    _close(losses, tensors["output.loss"], "losses")
+    _close(kls, tensors["output.kl"].mean(-1).mean(-1), "KL terms")
+    compared = 0
+    for key, g in tensors.items():
+        if key.startswith("grad."):
+            name = _model_name(key[len("grad."):])
+            scale = g.abs().max().clamp_min(1.0)
+            _close(grads[name] / scale, g / scale, f"gradient of {name}")
+            compared += 1
+    assert compared == len(grads) - 1  # all of ours but the output bias, which theirs does not have
+
+
+def test_sorting_model_detects_a_broken_memory():
+    """The same fixture with the LTM forgetting its coefficients after each segment, two of a gate's biases swapped,
+    or no LTM at all: each moves the output distribution of the segments that read the LTM far beyond the tolerance."""
+    theirs = None
+    for broken in ("forget", "gate", "no_ltm"):
+        model, tensors, meta = build_model()
+        theirs = torch.log_softmax(tensors["output.logits"], -1)
+        if broken == "gate":
+            with torch.no_grad():
+                bias = model.layers[0].attn.ltm.gate.bias
+                i, j = int(bias.argmax()), int(bias.argmin())
+                bias[[i, j]] = bias[[j, i]].clone()
+        if broken == "no_ltm":
+            for layer in model.layers:
+                layer.attn.ltm = None
+        logp, _, _, _ = run_model(model, tensors, meta, carry_ltm=broken != "forget")
+        first = meta["ltm_first_segment"] + (1 if broken == "forget" else 0)  # forgetting shows from the 1st update
+        _close(logp[:first], theirs[:first], f"{broken}: segments before the LTM")
+        moved = (logp[first:] - theirs[first:]).abs().amax(dim=(1, 2, 3))
+        assert (moved > 50 * TOLERANCE).all(), (broken, moved)
