@@ -1,7 +1,8 @@
 """The commands the ∞-former adds to `repro` (listed in pyproject.toml's `repro.commands` entry points and
 collected by `repro.cli.registry`): `repro bench-context`, the cost of one segment as the context grows, against
-Transformer-XL (`papers.infinity_former.context_cost`). Importing this module imports neither torch nor the
-benchmark."""
+Transformer-XL (`papers.infinity_former.context_cost`), and `repro ltm-gain`, whether a config's long-term memory
+stays bounded over updates (`papers.infinity_former.stability`). Importing this module imports neither torch nor
+the commands' modules."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ def bench_context(argv: list[str]) -> None:
     context_cost.main(parser.parse_args(argv))
 
 
-HELP = "time and memory per segment as the context grows (∞-former vs TXL)"
+def ltm_gain(argv: list[str]) -> None:
+    from papers.infinity_former import stability
 
-COMMANDS = {"bench-context": (bench_context, HELP)}
+    stability.main(argv)
+
+
+HELP = "time and memory per segment as the context grows (∞-former vs TXL)"
+GAIN_HELP = "the LTM update's gain per update for each config (> 1: the memory grows without bound)"
+
+COMMANDS = {"bench-context": (bench_context, HELP), "ltm-gain": (ltm_gain, GAIN_HELP)}

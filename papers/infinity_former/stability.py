@@ -1,0 +1,79 @@
+"""Whether an LTM geometry keeps its memory bounded: the gain of the unbounded-memory update (∞-former §3.2).
+
+Each update re-reads the carried signal at `n_samples` points, contracts them into [0, τ] and fits the basis again
+together with the new vectors. With no new input the coefficients B follow a linear map, B_new = G_oldᵀ Ψ B,
+with Ψ (M × N) the basis at the M linear sample points and G_old the rows of the update's ridge matrix G
+(`ContinuousLTM.ridge_G`) that weigh the old samples. Its spectral radius is the factor by
+which the carried memory grows (> 1) or fades (< 1) per update. The paper's geometries fade (0.53 for N = 256 …
+2048 with 512 samples and widths 0.01 / 0.05); a geometry whose sample count matches its centres per width while
+the basis is narrow against their spacing amplifies: N = 32 with 16 samples multiplies the memory by 5.5 per
+update, which is what made the small profile's linear ∞-former fail at length 512 (papers/infinity_former/README.md).
+
+Not in the paper or the official code: a check of configurations, with a command (`repro ltm-gain`). Sticky
+memories draw their sample points from the attention, so their gain varies from update to update; the linear
+sampling's gain is reported for them as a reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def update_gain(ltm: dict, n_new: int) -> float:
+    """Spectral radius of the update's map from carried coefficients to new ones (linear sample points), computed
+    from the matrices `ContinuousLTM` itself uses (ridge matrix and basis at the sample points)."""
+    import torch
+
+    from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
+
+    cfg = LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
+    module = ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg)
+    m = cfg.n_samples
+    G_old = module.ridge_G("update", m, n_new, "cpu")[:m].double()  # (M, N)
+    psi = module.basis_at("samples", m, 0, "cpu").double()  # (M, N)
+    # the nonzero eigenvalues of G_oldᵀ Ψ (N × N) are those of Ψ G_oldᵀ (M × M): the smaller eigenproblem
+    small = psi @ G_old.T if m <= cfg.n_basis else G_old.T @ psi
+    return float(torch.linalg.eigvals(small).abs().max())
+
+
+def _ltm_and_new(config: dict) -> tuple[dict | None, int | None]:
+    """The config's LTM settings and how many vectors enter the LTM per update (the segment or block length)."""
+    init = (config.get("model") or {}).get("init_args") or {}
+    ltm = init.get("ltm") or ((init.get("memory_hook") or {}).get("args") or {}).get("ltm")
+    data = (config.get("data") or {}).get("init_args") or {}
+    return ltm, data.get("tgt_len") or data.get("block_size")
+
+
+def main(argv: list[str]) -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="repro ltm-gain", description=HELP)
+    parser.add_argument("config", nargs="+", help="∞-former configs (configs/infinity_former/<profile>/*.yaml)")
+    parser.add_argument("--new", type=int, default=None,
+                        help="vectors entering the LTM per update (default: the config's tgt_len or block_size)")
+    args = parser.parse_args(argv)
+    if args.new is not None and args.new <= 0:
+        raise SystemExit(f"--new must be positive, got {args.new}")
+    for path in args.config:
+        if not Path(path).is_file():
+            raise SystemExit(f"{path}: no such config file; give the path of a YAML config")
+    for path in args.config:
+        ltm, n_new = _ltm_and_new(yaml.safe_load(Path(path).read_text()) or {})
+        if ltm is None:
+            override = " (an evaluation override: give its training config)" if path.endswith(".eval.yaml") else ""
+            print(f"{path}: no long-term memory{override}", flush=True)
+            continue
+        n_new = args.new or n_new
+        if not n_new:
+            print(f"{path}: cannot tell how many vectors enter the LTM per update: give --new N", flush=True)
+            continue
+        gain = update_gain(ltm, n_new)
+        widths = "/".join(f"{w:g}" for w in ltm.get("widths", (0.01, 0.05)))
+        verdict = "fades" if gain < 1 else "GROWS: the carried memory is amplified at every update"
+        sticky = " (sticky sampling: linear-sample reference)" if ltm.get("sampling") == "sticky" else ""
+        print(f"{path}: N {ltm.get('n_basis', 512)}, widths {widths}, {ltm.get('n_samples', 512)} samples, "
+              f"{n_new} new per update: gain {gain:.3f} per update{sticky}, {verdict}", flush=True)
+
+
+HELP = "the ∞-former LTM update's gain per update (> 1: the memory grows without bound)"
