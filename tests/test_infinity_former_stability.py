@@ -64,3 +64,17 @@ def test_command_refuses_a_missing_config():
                          capture_output=True, text=True)
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1] == "configs/nope.yaml: no such config file; give the path of a YAML config"
+
+
+def test_a_growing_geometry_warns_once_per_process(capsys):
+    # a ridge no other test uses, so that this geometry's G is built here
+    growing = ContinuousLTM(d_model=4, n_head=1, d_head=4, cfg=LTMConfig(n_basis=32, n_samples=16, ridge=0.9991))
+    growing.ridge_G("update", 16, 64, torch.get_default_device())
+    first = capsys.readouterr().err.splitlines()
+    ContinuousLTM(d_model=4, n_head=1, d_head=4, cfg=LTMConfig(n_basis=32, n_samples=16, ridge=0.9991)).ridge_G(
+        "update", 16, 64, torch.get_default_device())
+    fading = ContinuousLTM(d_model=4, n_head=1, d_head=4, cfg=LTMConfig(n_basis=32, n_samples=32, ridge=0.9991))
+    fading.ridge_G("update", 32, 64, torch.get_default_device())
+    assert len(first) == 1 and first[0].startswith("warning: ∞-former LTM with N 32, widths 0.01/0.05, 16 update "
+                                                   "samples and 64 new vectors per update multiplies its memory by")
+    assert capsys.readouterr().err == ""

@@ -452,8 +452,36 @@ class ContinuousLTM(nn.Module):
                 # built outside inference mode so that training can reuse it after evaluation
                 with torch.inference_mode(False):
                     _SHARED_G[shared] = self._build_G(kind, n_old, n_new, device)
+                if kind == "update":
+                    self._warn_if_growing(_SHARED_G[shared], n_new)
             self._G[key] = _SHARED_G[shared]
         return self._G[key]
+
+    def update_gain(self, n_new: int, G: torch.Tensor | None = None) -> float:
+        """The factor by which an update of n_new vectors multiplies the carried memory: the spectral radius of the
+        linear map from old coefficients to new ones, B ← G_oldᵀ Ψ B (Ψ: the basis at the linear sample points,
+        G_old: the update G's rows for the old samples). Below 1 the memory fades (the paper's geometries: 0.53);
+        above 1 it grows at every update (papers/infinity_former/stability.py, `repro ltm-gain`)."""
+        m = self.cfg.n_samples
+        if G is None:
+            G = self.ridge_G("update", m, n_new, "cpu")
+        G_old = G[:m].detach().double().cpu()
+        psi = read_basis(linear_samples(m).double(), self.basis_mu.double().cpu(), self.basis_sigma.double().cpu())
+        # the nonzero eigenvalues of G_oldᵀ Ψ (N × N) are those of Ψ G_oldᵀ (M × M): the smaller problem
+        small = psi @ G_old.T if m <= self.cfg.n_basis else G_old.T @ psi
+        return float(torch.linalg.eigvals(small).abs().max())
+
+    def _warn_if_growing(self, G: torch.Tensor, n_new: int) -> None:
+        """One line, once per geometry and process, when this geometry's updates amplify the memory."""
+        gain = self.update_gain(n_new, G)
+        if gain > 1:
+            import sys
+
+            c = self.cfg
+            print(f"warning: ∞-former LTM with N {c.n_basis}, widths {'/'.join(f'{w:g}' for w in c.widths)}, "
+                  f"{c.n_samples} update samples and {n_new} new vectors per update multiplies its memory by "
+                  f"{gain:.2f} at every update (it grows without bound; more samples or wider basis functions make "
+                  "it fade: `repro ltm-gain`)", file=sys.stderr, flush=True)
 
     def basis_at(self, kind: str, n_old: int, n_new: int, device) -> torch.Tensor:
         """ψ (P, N) at positions that depend only on sizes, computed once: the linear sample points of an update

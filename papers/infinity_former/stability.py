@@ -9,9 +9,11 @@ which the carried memory grows (> 1) or fades (< 1) per update. The paper's geom
 the basis is narrow against their spacing amplifies: N = 32 with 16 samples multiplies the memory by 5.5 per
 update, which is what made the small profile's linear ∞-former fail at length 512 (papers/infinity_former/README.md).
 
-Not in the paper or the official code: a check of configurations, with a command (`repro ltm-gain`). Sticky
-memories draw their sample points from the attention, so their gain varies from update to update; the linear
-sampling's gain is reported for them as a reference.
+Not in the paper or the official code: a check of configurations, with a command (`repro ltm-gain`); the LTM
+itself prints one warning line per process when it builds an update whose gain exceeds 1
+(`ContinuousLTM.update_gain`, where the computation lives). Sticky memories draw their sample points from the
+attention, so their gain varies from update to update; the linear sampling's gain is reported for them as a
+reference.
 """
 
 from __future__ import annotations
@@ -21,20 +23,12 @@ from pathlib import Path
 
 
 def update_gain(ltm: dict, n_new: int) -> float:
-    """Spectral radius of the update's map from carried coefficients to new ones (linear sample points), computed
-    from the matrices `ContinuousLTM` itself uses (ridge matrix and basis at the sample points)."""
-    import torch
-
+    """The gain per update of a config's LTM settings (`ltm`, as in a config) with n_new vectors per update, from
+    the matrices `ContinuousLTM` itself uses (`ContinuousLTM.update_gain`)."""
     from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 
     cfg = LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
-    module = ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg)
-    m = cfg.n_samples
-    G_old = module.ridge_G("update", m, n_new, "cpu")[:m].double()  # (M, N)
-    psi = module.basis_at("samples", m, 0, "cpu").double()  # (M, N)
-    # the nonzero eigenvalues of G_oldᵀ Ψ (N × N) are those of Ψ G_oldᵀ (M × M): the smaller eigenproblem
-    small = psi @ G_old.T if m <= cfg.n_basis else G_old.T @ psi
-    return float(torch.linalg.eigvals(small).abs().max())
+    return ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg).update_gain(n_new)
 
 
 def _ltm_and_new(config: dict) -> tuple[dict | None, int | None]:
