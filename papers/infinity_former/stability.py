@@ -28,7 +28,9 @@ def update_gain(ltm: dict, n_new: int) -> float:
     from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 
     cfg = LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
-    return ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg).update_gain(n_new)
+    module = ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg)
+    # G built directly, not through `ridge_G`, whose run-time warning would repeat what the caller reports
+    return module.update_gain(n_new, module._build_G("update", cfg.n_samples, n_new, "cpu"))
 
 
 def _ltm_and_new(config: dict) -> tuple[dict | None, int | None]:
