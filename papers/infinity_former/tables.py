@@ -33,6 +33,9 @@ CLAIMS_SMALL = Path(__file__).resolve().parents[2] / "configs" / PAPER / "small"
 SEEDS = range(1, 10)  # seed records looked for in the small profile
 MODELS = [("txl", "Transformer-XL"), ("compressive", "Compressive transformer"), ("infty", "∞-former"),
           ("infty_sticky", "∞-former (sticky memories)")]
+# the small profile's registration 2 (claims.yaml): the ∞-former with 32 update samples (a fading memory)
+MODELS_SMALL_2 = [("infty_m32", "∞-former, 32 samples (registration 2)"),
+                  ("infty_sticky_m32", "∞-former (sticky), 32 samples (registration 2)")]
 LENGTHS = {"paper": (4000, 8000, 16000), "small": (128, 256, 512), "tiny": (256, 512, 1024)}
 BASIS = {"paper": (256, 512, 1024, 2048), "small": (8, 16, 32, 64), "tiny": (16, 32, 64, 128)}
 DEFAULT_N = {"paper": 1024, "small": 32, "tiny": 64}
@@ -112,13 +115,17 @@ def verdict_left(acc: dict[str, dict[int, float | None]], lengths: tuple[int, ..
 def fig3_left(results: Results) -> tuple[Table, dict]:
     rows, data = [], {}
     for profile in PROFILES:
-        for key, label in MODELS:
+        for key, label in MODELS + (MODELS_SMALL_2 if profile == "small" else []):
             cells = [_acc(results, profile, f"sort_{L}_{key}") for L in LENGTHS[profile]]
             data.setdefault(profile, {})[key] = {L: _value(c) for L, c in zip(LENGTHS[profile], cells)}
             rows.append([label, profile, *cells])
     notes = [PAPER_LEFT]
     for profile in PROFILES:
         notes.append(f"**{profile}** — {verdict_left(data[profile], LENGTHS[profile])}")
+        if profile == "small":
+            second = dict(data[profile], infty=data[profile]["infty_m32"])
+            notes.append(f"**small, registration 2** (∞-former with 32 update samples) — "
+                         f"{verdict_left(second, LENGTHS[profile])}")
     notes.append("Columns are the three lengths of each profile: paper 4000 / 8000 / 16000, small 128 / 256 / 512 "
                  "(divided by 32), tiny 256 / 512 / 1024 (divided by 16), see papers/infinity_former/README.md. "
                  "Accuracy = token accuracy on the 20 sorted output symbols of the test split; tiny and paper one "
