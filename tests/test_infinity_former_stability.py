@@ -66,6 +66,16 @@ def test_command_refuses_a_missing_config():
     assert res.stderr.strip().splitlines()[-1] == "configs/nope.yaml: no such config file; give the path of a YAML config"
 
 
+def test_command_refuses_unknown_ltm_settings(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  init_args:\n    ltm: {n_basis: 32, n_sample: 16}\ndata:\n  init_args: {tgt_len: 64}\n")
+    res = subprocess.run([sys.executable, "-m", "repro", "ltm-gain", str(bad)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode != 0 and res.stdout == ""
+    last = res.stderr.strip().splitlines()
+    assert len(last) == 1 and last[0].startswith(f"{bad}: its ltm settings are not an LTMConfig (") and "n_sample" in last[0]
+
+
 def test_a_growing_geometry_warns_once_per_process(capsys):
     # a ridge no other test uses, so that this geometry's G is built here
     growing = ContinuousLTM(d_model=4, n_head=1, d_head=4, cfg=LTMConfig(n_basis=32, n_samples=16, ridge=0.9991))

@@ -22,12 +22,19 @@ import argparse
 from pathlib import Path
 
 
+def ltm_config(ltm: dict):
+    """`LTMConfig` from a config's `ltm` mapping (YAML lists as tuples)."""
+    from papers.infinity_former.ltm import LTMConfig
+
+    return LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
+
+
 def update_gain(ltm: dict, n_new: int) -> float:
     """The gain per update of a config's LTM settings (`ltm`, as in a config) with n_new vectors per update, from
     the matrices `ContinuousLTM` itself uses (`ContinuousLTM.update_gain`)."""
-    from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
+    from papers.infinity_former.ltm import ContinuousLTM
 
-    cfg = LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
+    cfg = ltm_config(ltm)
     module = ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg)
     # G built directly, not through `ridge_G`, whose run-time warning would repeat what the caller reports
     return module.update_gain(n_new, module._build_G("update", cfg.n_samples, n_new, "cpu"))
@@ -64,11 +71,15 @@ def main(argv: list[str]) -> None:
         if not n_new:
             print(f"{path}: cannot tell how many vectors enter the LTM per update: give --new N", flush=True)
             continue
+        try:
+            cfg = ltm_config(ltm)
+        except (TypeError, ValueError) as err:
+            raise SystemExit(f"{path}: its ltm settings are not an LTMConfig ({err}); fix them") from None
         gain = update_gain(ltm, n_new)
-        widths = "/".join(f"{w:g}" for w in ltm.get("widths", (0.01, 0.05)))
+        widths = "/".join(f"{w:g}" for w in cfg.widths)
         verdict = "fades" if gain < 1 else "GROWS: the carried memory is amplified at every update"
-        sticky = " (sticky sampling: linear-sample reference)" if ltm.get("sampling") == "sticky" else ""
-        print(f"{path}: N {ltm.get('n_basis', 512)}, widths {widths}, {ltm.get('n_samples', 512)} samples, "
+        sticky = " (sticky sampling: linear-sample reference)" if cfg.sampling == "sticky" else ""
+        print(f"{path}: N {cfg.n_basis}, widths {widths}, {cfg.n_samples} samples, "
               f"{n_new} new per update: gain {gain:.3f} per update{sticky}, {verdict}", flush=True)
 
 
