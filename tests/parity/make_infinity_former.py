@@ -28,7 +28,9 @@ they build), so that the test can feed the same points to our module.
 The whole sorting model (`tests/parity/infinity_former/model_sorting.pt`, `make_sorting_model`): their
 `sorting/mem_transformer.py` `MemTransformerLM` with the LTM at small sizes over 6 segments (logits, losses, KL
 terms, gradients); shims as for the parameter counts below, and `augment = True` (read by their `_update_mems`,
-never set).
+never set). The whole GPT-2 language model (`model_gpt2_lm.pt`, `make_gpt2_lm_model`): their `finetune_gpt2`
+`GPT2LMHeadModel` with the LTM at tiny sizes over 5 blocks of 512 (per-token NLL, KL terms, gradients); shims as
+for the GPT-2 parameter counts below, and `get_head_mask` (gone from the installed transformers).
 
 Parameter counts (`tests/parity/infinity_former/param_counts.pt`, `count_parameters`): the whole official models
 built at the paper configs' settings, on the meta device (their `LongTermAttention` constructors, which iterate
@@ -354,6 +356,84 @@ def make_sorting_model(checkout: Path, commit: str) -> None:
     print(f"model_sorting: {sum(v.numel() for v in tensors.values())} numbers")
 
 
+# their finetune_gpt2 GPT2LMHeadModel with the LTM (Table 1), tiny: the LTM's length 512 is hard-coded there, so
+# blocks of 512 tokens; 5 blocks = no memory, a first fit, then 3 updates
+GPT2_MODEL = dict(n_layer=2, n_embd=8, n_head=2, vocab_size=64, n_basis=16, block=512, blocks=5, kl_weight=1e-3,
+                  out_scale=100.0)
+
+
+def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
+    """Their whole GPT-2 language model with the LTM (`finetune_gpt2` `modeling_gpt2.py`, the Table 1 code, with
+    their `infinite_memory_transformer/config.json` at tiny sizes, no dropout) over GPT2_MODEL["blocks"] blocks
+    fed one after the other as their training loop does (each `Block` keeps its input as `self.mem`, each LTM its
+    coefficients): per block the per-token NLL and their KL terms, then the gradients of Σ over blocks of (their
+    loss + kl_weight × their KL's mean). Shims beyond `_load_official_gpt2`: `init_weights` ties the output layer
+    only, `get_head_mask` gives no mask (both gone from the installed transformers). Weights large (`enlarge_`),
+    the LTM's output projection ×out_scale on top, so that the memory moves the NLL far beyond the tolerance."""
+    import json
+
+    import transformers.modeling_utils
+
+    m = GPT2_MODEL
+    _stub_entmax()
+    modeling, root = _load_official_gpt2(checkout, "finetune_gpt2")
+    config_module = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2")
+    settings = json.loads((checkout / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
+    for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
+        settings.pop(key, None)
+    settings.update(n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], vocab_size=m["vocab_size"],
+                    n_positions=m["block"], n_ctx=m["block"], long_term_attention_basis=m["n_basis"],
+                    attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, attn_drop=0.0)
+    pretrained = transformers.modeling_utils.PreTrainedModel
+    saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
+
+    def init_weights(self):  # transformers 4.5: (draw the weights, redrawn below) tie the output layer
+        out_emb, in_emb = self.get_output_embeddings(), self.get_input_embeddings()
+        if out_emb is not None and in_emb is not None:
+            out_emb.weight = in_emb.weight
+
+    pretrained.init_weights = init_weights
+    pretrained.get_head_mask = lambda self, head_mask, n: [None] * n if head_mask is None else head_mask
+    try:
+        torch.manual_seed(0)
+        with _cuda_on_cpu():
+            model = modeling.GPT2LMHeadModel(config_module.GPT2Config(add_cross_attention=False, **settings))
+        for module in model.modules():
+            if isinstance(module, modeling.LongTermAttention):
+                module.device = "cpu"
+        model.eval()
+        enlarge_(model, std=0.2, seed=1)
+        with torch.no_grad():  # the LTM's output ×out_scale: at std 0.2 it moved the NLL by only ~1e-3
+            for module in model.modules():
+                if isinstance(module, modeling.LongTermAttention):
+                    module.attn_out.weight.mul_(m["out_scale"])
+        g = torch.Generator().manual_seed(2)
+        tokens = torch.randint(0, m["vocab_size"], (m["blocks"], 1, m["block"]), generator=g)
+        nlls, kls, total = [], [], 0.0
+        for s in range(m["blocks"]):
+            out, kl = model(input_ids=tokens[s], labels=tokens[s], return_dict=True)
+            logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+            nlls.append(-logp.gather(-1, tokens[s][:, 1:, None])[..., 0].detach())
+            kls.append(kl.detach() if kl is not None else torch.zeros(1, m["n_head"] * m["block"]))
+            total = total + out.loss + (m["kl_weight"] * kl.mean() if kl is not None else 0.0)
+        total.backward()
+    finally:
+        pretrained.init_weights = saved[0]
+        if saved[1] is None:
+            del pretrained.get_head_mask
+        else:
+            pretrained.get_head_mask = saved[1]
+    tensors = {f"weight.{k}": v for k, v in model.state_dict().items()
+               if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}  # tied; buffers
+    tensors.update({f"grad.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
+    tensors.update({"input.tokens": tokens, "output.nll": torch.stack(nlls), "output.kl": torch.stack(kls)})
+    lm_ltm = {k: settings[k] for k in ("mu_0", "sigma_0", "mask", "mask_type", "infinite_memory", "sticky_memories")}
+    meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": "model_gpt2_lm", **m, **lm_ltm,
+            "n_samples": 512, "tau": 0.5, "ridge": 0.5, "widths": [0.005, 0.01], "min_var": 1e-4}
+    save_fixture(OUT / "model_gpt2_lm.pt", tensors, meta)
+    print(f"model_gpt2_lm: {sum(v.numel() for v in tensors.values())} numbers")
+
+
 def _sorting_counts(checkout: Path) -> dict:
     out = {}
     with _sorting_modules(checkout) as (lta, mt):
@@ -486,6 +566,7 @@ def main() -> None:
         for name, case in CASES.items():
             make_case(checkout, name, case, commit)
         make_sorting_model(checkout, commit)
+        make_gpt2_lm_model(checkout, commit)
     count_parameters(checkout, commit)
 
 

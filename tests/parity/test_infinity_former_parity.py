@@ -27,6 +27,12 @@ what the module fixtures cannot: which states enter the LTM and when, the LTM's 
 the self-attention's, the KL summed over layers, and the backward pass through all of it. Forgetting the LTM's
 coefficients, swapping two gate biases or removing the LTM moves the later segments' outputs by 100–4,000× the
 tolerance.
+
+The whole GPT-2 language model (`model_gpt2_lm.pt`, Table 1): their `finetune_gpt2` `GPT2LMHeadModel` with the
+LTM (each Block's input is the next block's memory; the LTM's output joins c_proj's) against our
+`GPT2WithMemory` with the LTM behind the memory hook, 5 blocks of 512 (no memory, a first fit, 3 updates): per-token
+NLL, KL terms and all 42 parameters' gradients to 1e-4 (NLL to 2e-6). Forgetting the memory moves the NLL of
+the blocks that read it by 1.5–1.8, swapping two gate biases by 0.006–0.019.
 """
 
 from __future__ import annotations
@@ -150,7 +156,7 @@ def test_matches_official(name):
 
 def test_fixtures_are_complete():
     assert {"sorting", "gpt2_lm", "gpt2_lm_sticky", "gpt2_lm_floor", "dialogue", "dialogue_sticky"} <= set(CASES)
-    assert sum(p.stat().st_size for p in FIXTURES.glob("*.pt")) < 150_000
+    assert sum(p.stat().st_size for p in FIXTURES.glob("*.pt")) < 250_000
 
 
 @pytest.mark.parametrize("name", ["sorting", "gpt2_lm", "dialogue_sticky"])
@@ -392,4 +398,111 @@ def test_sorting_model_detects_a_broken_memory():
         first = meta["ltm_first_segment"] + (1 if broken == "forget" else 0)  # forgetting shows from the 1st update
         _close(logp[:first], theirs[:first], f"{broken}: segments before the LTM")
         moved = (logp[first:] - theirs[first:]).abs().amax(dim=(1, 2, 3))
+        assert (moved > 50 * TOLERANCE).all(), (broken, moved)
+
+
+# ---------------------------------------------------------------------------------- the whole GPT-2 LM (Table 1)
+
+GPT2_FIXTURE = FIXTURES / "model_gpt2_lm.pt"
+
+
+def build_gpt2_model():
+    """Our GPT-2 with the LTM behind the memory hook (`GPT2WithMemory`), with the fixture's weights (their
+    `finetune_gpt2` GPT2LMHeadModel with the LTM)."""
+    import re
+
+    from papers.infinity_former.gpt2 import GPT2Settings, GPT2WithMemory
+    from papers.infinity_former.hooks import MemoryHook
+
+    tensors, meta = load_fixture(GPT2_FIXTURE)
+    ltm = dict(n_basis=meta["n_basis"], widths=tuple(meta["widths"]), ridge=meta["ridge"], tau=meta["tau"],
+               n_samples=meta["n_samples"], sampling="linear", sigma_0=meta["sigma_0"], mu_0=float(meta["mu_0"]),
+               kl_weight=meta["kl_weight"], min_var=meta["min_var"], grid="official", gate=True)
+    settings = GPT2Settings(pretrained=None, n_layer=meta["n_layer"], n_embd=meta["n_embd"], n_head=meta["n_head"],
+                            n_positions=meta["block"], dropout=0.0)
+    hook = MemoryHook(kind="ltm", args={"ltm": ltm, "threshold": None}, stores="block_input")
+    model = GPT2WithMemory(settings, hook, n_token=meta["vocab_size"]).eval()
+    ours = {}
+    for key, value in tensors.items():
+        if not key.startswith("weight."):
+            continue
+        name = _gpt2_name(key[len("weight."):])
+        if name is not None:
+            ours[name] = value
+    mine = model.state_dict()
+    # our LTM parameters appear twice in the state dict (the hook's memories and the wrapped attention's)
+    for name in list(ours):
+        m = re.fullmatch(r"memories\.(\d+)\.(.+)", name)
+        if m:
+            ours[f"lm.transformer.h.{m[1]}.attn.memory.{m[2]}"] = ours[name]
+    ours["lm.lm_head.weight"] = ours["lm.transformer.wte.weight"]  # tied, as theirs
+    assert set(ours) == set(mine), sorted(set(ours) ^ set(mine))
+    model.load_state_dict(ours)
+    return model, tensors, meta
+
+
+def _gpt2_name(key: str) -> str | None:
+    """Their GPT2LMHeadModel parameter name -> ours (None: built and never read)."""
+    import re
+
+    m = re.fullmatch(r"transformer\.h\.(\d+)\.attn\.long_term_attention\.(.+)", key)
+    if m:
+        return None if m[2] in UNUSED else f"memories.{m[1]}.ltm.{NAME_MAP[m[2]]}"
+    return "lm." + re.sub(r"\.attn\.c_(attn|proj)\.", r".attn.inner.c_\1.", key)
+
+
+def run_gpt2_model(model, tensors, meta):
+    """Per-block per-token NLL, KL terms (Σ over layers of the mean) and the gradients of the fixture's objective."""
+    model.zero_grad()
+    model.train()  # the KL term is a training loss (every dropout is 0: the same forward pass as eval)
+    nlls, kls, mems, total = [], [], None, 0.0
+    for s in range(meta["blocks"]):
+        x = tensors["input.tokens"][s]
+        h, mems = model(x, mems)
+        logp = torch.log_softmax(model.logits(h)[:, :-1].float(), -1)
+        nll = -logp.gather(-1, x[:, 1:, None])[..., 0]
+        extra = model.extra_loss()  # Σ over layers of kl_weight × the layer's mean KL
+        total = total + nll.mean() + (extra if extra is not None else 0.0)
+        nlls.append(nll.detach())
+        kls.append(extra.detach() / meta["kl_weight"] if extra is not None else torch.zeros(()))
+    total.backward()
+    return torch.stack(nlls), torch.stack(kls), {n: p.grad for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def test_gpt2_lm_model_matches_official():
+    """Their whole GPT-2 language model with the LTM (`finetune_gpt2` `modeling_gpt2.py`: each Block keeps its input
+    as the next block's memory, the LTM's output joins c_proj's) against ours (`GPT2WithMemory`, the LTM behind the
+    memory hook), same weights, 5 blocks of 512 (no memory, a first fit, 3 updates): per-token NLL and the KL of
+    every block, then the gradient of every parameter they read."""
+    model, tensors, meta = build_gpt2_model()
+    nll, kl, grads = run_gpt2_model(model, tensors, meta)
+    _close(nll, tensors["output.nll"], "per-token NLL")
+    _close(kl / 1e3, tensors["output.kl"].mean(dim=(1, 2)) / 1e3, "KL terms (÷1000: their μ term is ~1,000)")
+    compared = 0
+    for key, g in tensors.items():
+        if key.startswith("grad."):
+            name = _gpt2_name(key[len("grad."):])
+            scale = g.abs().max().clamp_min(1.0)
+            _close(grads[name] / scale, g / scale, f"gradient of {name}")
+            compared += 1
+    assert compared == len(list(model.parameters()))  # every parameter of ours (the shared ones once)
+
+
+def test_gpt2_lm_model_detects_a_broken_memory():
+    """Forgetting the LTM (no memory carried between blocks) or swapping two gate biases moves the NLL of the
+    blocks that read the memory far beyond the tolerance."""
+    for broken in ("forget", "gate"):
+        model, tensors, meta = build_gpt2_model()
+        if broken == "gate":
+            with torch.no_grad():
+                bias = model.memories["0"].ltm.gate.bias
+                i, j = int(bias.argmax()), int(bias.argmin())
+                bias[[i, j]] = bias[[j, i]].clone()
+            nll, _, _ = run_gpt2_model(model, tensors, meta)
+        else:
+            with torch.no_grad():
+                nll = torch.stack([-torch.log_softmax(model.logits(model(tensors["input.tokens"][s], None)[0])[:, :-1]
+                                                      .float(), -1).gather(-1, tensors["input.tokens"][s][:, 1:, None])[..., 0]
+                                   for s in range(meta["blocks"])])
+        moved = (nll[1:] - tensors["output.nll"][1:]).abs().amax(dim=(1, 2))
         assert (moved > 50 * TOLERANCE).all(), (broken, moved)
