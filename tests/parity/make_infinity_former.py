@@ -28,9 +28,10 @@ they build), so that the test can feed the same points to our module.
 The whole sorting model (`tests/parity/infinity_former/model_sorting.pt`, `make_sorting_model`): their
 `sorting/mem_transformer.py` `MemTransformerLM` with the LTM at small sizes over 6 segments (logits, losses, KL
 terms, gradients); shims as for the parameter counts below, and `augment = True` (read by their `_update_mems`,
-never set). The whole GPT-2 language model (`model_gpt2_lm.pt`, `make_gpt2_lm_model`): their `finetune_gpt2`
-`GPT2LMHeadModel` with the LTM at tiny sizes over 5 blocks of 512 (per-token NLL, KL terms, gradients); shims as
-for the GPT-2 parameter counts below, and `get_head_mask` (gone from the installed transformers).
+never set). The whole GPT-2 models (`model_gpt2_lm.pt`, `model_gpt2_dialogue.pt`, `make_gpt2_model`): each copy's
+`GPT2LMHeadModel` with the LTM (`finetune_gpt2`, `document_grounded_generation`) at tiny sizes over 5 blocks of
+512 (per-token NLL, KL terms, gradients); shims as for the GPT-2 parameter counts below, and `get_head_mask` (gone
+from the installed transformers).
 
 Parameter counts (`tests/parity/infinity_former/param_counts.pt`, `count_parameters`): the whole official models
 built at the paper configs' settings, on the meta device (their `LongTermAttention` constructors, which iterate
@@ -362,12 +363,14 @@ GPT2_MODEL = dict(n_layer=2, n_embd=8, n_head=2, vocab_size=64, n_basis=16, bloc
                   out_scale=100.0)
 
 
-def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
-    """Their whole GPT-2 language model with the LTM (`finetune_gpt2` `modeling_gpt2.py`, the Table 1 code, with
-    their `infinite_memory_transformer/config.json` at tiny sizes, no dropout) over GPT2_MODEL["blocks"] blocks
-    fed one after the other as their training loop does (each `Block` keeps its input as `self.mem`, each LTM its
+def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
+    """Their whole GPT-2 with the LTM at tiny sizes, no dropout, over GPT2_MODEL["blocks"] blocks fed one after the
+    other as their training loops do (each `Block` keeps its input, or ln_1 of it, as `self.mem`; each LTM its
     coefficients): per block the per-token NLL and their KL terms, then the gradients of Σ over blocks of (their
-    loss + kl_weight × their KL's mean). Shims beyond `_load_official_gpt2`: `init_weights` ties the output layer
+    loss + kl_weight × their KL's mean). `copy`: `finetune_gpt2` (language modelling, Table 1: their
+    `infinite_memory_transformer/config.json`) or `document_grounded_generation` (dialogue, Table 2: their
+    `GPT2ConfigInftyFormer`; the blocks are one conversation's pieces, with their `train.py`'s flags: `new_doc` on the
+    second piece, the first to read the memory, `last_doc` on the last). Shims beyond `_load_official_gpt2`: `init_weights` ties the output layer
     only, `get_head_mask` gives no mask (both gone from the installed transformers). Weights large (`enlarge_`),
     the LTM's output projection ×out_scale on top, so that the memory moves the NLL far beyond the tolerance."""
     import json
@@ -376,14 +379,21 @@ def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
 
     m = GPT2_MODEL
     _stub_entmax()
-    modeling, root = _load_official_gpt2(checkout, "finetune_gpt2")
-    config_module = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2")
-    settings = json.loads((checkout / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
-    for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
-        settings.pop(key, None)
+    modeling, root = _load_official_gpt2(checkout, copy)
+    lm = copy == "finetune_gpt2"
+    if lm:
+        config_class = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2").GPT2Config
+        settings = json.loads((checkout / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
+        for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
+            settings.pop(key, None)
+        settings.update(attn_drop=0.0)
+    else:
+        config_class = importlib.import_module(
+            f"{root}.models.gpt2.configuration_gpt2_inftyformer").GPT2ConfigInftyFormer
+        settings = {}
     settings.update(n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], vocab_size=m["vocab_size"],
                     n_positions=m["block"], n_ctx=m["block"], long_term_attention_basis=m["n_basis"],
-                    attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, attn_drop=0.0)
+                    attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     pretrained = transformers.modeling_utils.PreTrainedModel
     saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
 
@@ -397,7 +407,7 @@ def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
     try:
         torch.manual_seed(0)
         with _cuda_on_cpu():
-            model = modeling.GPT2LMHeadModel(config_module.GPT2Config(add_cross_attention=False, **settings))
+            model = modeling.GPT2LMHeadModel(config_class(add_cross_attention=False, **settings))
         for module in model.modules():
             if isinstance(module, modeling.LongTermAttention):
                 module.device = "cpu"
@@ -411,7 +421,8 @@ def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
         tokens = torch.randint(0, m["vocab_size"], (m["blocks"], 1, m["block"]), generator=g)
         nlls, kls, total = [], [], 0.0
         for s in range(m["blocks"]):
-            out, kl = model(input_ids=tokens[s], labels=tokens[s], return_dict=True)
+            flags = {} if lm else dict(new_doc=s == 1, last_doc=s == m["blocks"] - 1)
+            out, kl = model(input_ids=tokens[s], labels=tokens[s], return_dict=True, **flags)
             logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
             nlls.append(-logp.gather(-1, tokens[s][:, 1:, None])[..., 0].detach())
             kls.append(kl.detach() if kl is not None else torch.zeros(1, m["n_head"] * m["block"]))
@@ -427,11 +438,12 @@ def make_gpt2_lm_model(checkout: Path, commit: str) -> None:
                if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}  # tied; buffers
     tensors.update({f"grad.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
     tensors.update({"input.tokens": tokens, "output.nll": torch.stack(nlls), "output.kl": torch.stack(kls)})
-    lm_ltm = {k: settings[k] for k in ("mu_0", "sigma_0", "mask", "mask_type", "infinite_memory", "sticky_memories")}
-    meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": "model_gpt2_lm", **m, **lm_ltm,
+    name = "model_gpt2_lm" if lm else "model_gpt2_dialogue"
+    meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": name, "copy": copy, **m,
+            "mu_0": settings["mu_0"] if lm else None, "sigma_0": 0.05, "stores": "block_input" if lm else "ln_1",
             "n_samples": 512, "tau": 0.5, "ridge": 0.5, "widths": [0.005, 0.01], "min_var": 1e-4}
-    save_fixture(OUT / "model_gpt2_lm.pt", tensors, meta)
-    print(f"model_gpt2_lm: {sum(v.numel() for v in tensors.values())} numbers")
+    save_fixture(OUT / f"{name}.pt", tensors, meta)
+    print(f"{name}: {sum(v.numel() for v in tensors.values())} numbers")
 
 
 def _sorting_counts(checkout: Path) -> dict:
@@ -566,7 +578,8 @@ def main() -> None:
         for name, case in CASES.items():
             make_case(checkout, name, case, commit)
         make_sorting_model(checkout, commit)
-        make_gpt2_lm_model(checkout, commit)
+        make_gpt2_model(checkout, commit, "finetune_gpt2")
+        make_gpt2_model(checkout, commit, "document_grounded_generation")
     count_parameters(checkout, commit)
 
 
