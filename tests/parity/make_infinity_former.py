@@ -29,7 +29,7 @@ The whole sorting model (`tests/parity/infinity_former/model_sorting.pt`, `make_
 `sorting/mem_transformer.py` `MemTransformerLM` with the LTM at small sizes over 6 segments (logits, losses, KL
 terms, gradients); shims as for the parameter counts below, and `augment = True` (read by their `_update_mems`,
 never set). The whole GPT-2 models (`model_gpt2_lm.pt`, `model_gpt2_dialogue.pt`, `make_gpt2_model`): each copy's
-`GPT2LMHeadModel` with the LTM (`finetune_gpt2`, `document_grounded_generation`) at tiny sizes over 5 blocks of
+`GPT2LMHeadModel` with the LTM (`finetune_gpt2`, `document_grounded_generation`) at tiny sizes over 7 blocks of
 512 (per-token NLL, KL terms, gradients); shims as for the GPT-2 parameter counts below, and `get_head_mask` (gone
 from the installed transformers).
 
@@ -357,9 +357,10 @@ def make_sorting_model(checkout: Path, commit: str) -> None:
     print(f"model_sorting: {sum(v.numel() for v in tensors.values())} numbers")
 
 
-# their finetune_gpt2 GPT2LMHeadModel with the LTM (Table 1), tiny: the LTM's length 512 is hard-coded there, so
-# blocks of 512 tokens; 5 blocks = no memory, a first fit, then 3 updates
-GPT2_MODEL = dict(n_layer=2, n_embd=8, n_head=2, vocab_size=64, n_basis=16, block=512, blocks=5, kl_weight=1e-3,
+# their GPT2LMHeadModel with the LTM, tiny: the LTM's length 512 is hard-coded there, so blocks of 512 tokens;
+# 7 blocks = no memory, a first fit, 3 updates, then (language modelling) their memory threshold of 2,048 tokens
+# empties the memory: a first fit again and an update
+GPT2_MODEL = dict(n_layer=2, n_embd=8, n_head=2, vocab_size=64, n_basis=16, block=512, blocks=7, kl_weight=1e-3,
                   out_scale=100.0)
 
 
@@ -441,6 +442,8 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
     name = "model_gpt2_lm" if lm else "model_gpt2_dialogue"
     meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": name, "copy": copy, **m,
             "mu_0": settings["mu_0"] if lm else None, "sigma_0": 0.05, "stores": "block_input" if lm else "ln_1",
+            "threshold": next(x.mem_threshold for x in model.modules() if isinstance(x, modeling.LongTermAttention))
+            if lm else None,  # their hard-coded mem_threshold (the dialogue copy has none: reset per conversation)
             "n_samples": 512, "tau": 0.5, "ridge": 0.5, "widths": [0.005, 0.01], "min_var": 1e-4}
     save_fixture(OUT / f"{name}.pt", tensors, meta)
     print(f"{name}: {sum(v.numel() for v in tensors.values())} numbers")

@@ -30,12 +30,14 @@ tolerance.
 
 The whole GPT-2 language model (`model_gpt2_lm.pt`, Table 1): their `finetune_gpt2` `GPT2LMHeadModel` with the
 LTM (each Block's input is the next block's memory; the LTM's output joins c_proj's) against our
-`GPT2WithMemory` with the LTM behind the memory hook, 5 blocks of 512 (no memory, a first fit, 3 updates): per-token
-NLL, KL terms and all 42 parameters' gradients to 1e-4 (NLL to 2e-6). Forgetting the memory moves the NLL of
-the blocks that read it by 1.5–1.8, swapping two gate biases by 0.006–0.019. The same for the dialogue model
+`GPT2WithMemory` with the LTM behind the memory hook, 7 blocks of 512 (no memory, a first fit, 3 updates, then
+their memory threshold of 2,048 tokens empties the memory: a first fit and an update): per-token NLL, KL terms and
+all 42 parameters' gradients to 1e-4 (NLL to 2e-6). Forgetting the memory moves the NLL of the blocks that read it
+by 1.5–2.1, swapping two gate biases by 0.006–0.019, storing ln_1 of the block input instead of the input by
+1.0–1.5, leaving out the threshold the last two blocks by 0.30–0.80. The same for the dialogue model
 (`model_gpt2_dialogue.pt`, Table 2: `document_grounded_generation`, whose memory is ln_1 of the block input, with
-their `train.py`'s new_doc / last_doc flags): NLL to 1e-6; forgetting 1.7–2.2, gate biases 0.020–0.049, storing
-the block input instead of ln_1 1.0–1.4.
+their `train.py`'s new_doc / last_doc flags, no threshold): NLL to 1e-6; forgetting 1.7–2.2, gate biases
+0.020–0.052, storing the block input instead of ln_1 1.0–1.5.
 """
 
 from __future__ import annotations
@@ -424,7 +426,7 @@ def build_gpt2_model(case: str):
                kl_weight=meta["kl_weight"], min_var=meta["min_var"], grid="official", gate=True)
     settings = GPT2Settings(pretrained=None, n_layer=meta["n_layer"], n_embd=meta["n_embd"], n_head=meta["n_head"],
                             n_positions=meta["block"], dropout=0.0)
-    hook = MemoryHook(kind="ltm", args={"ltm": ltm, "threshold": None}, stores=meta["stores"])
+    hook = MemoryHook(kind="ltm", args={"ltm": ltm, "threshold": meta["threshold"]}, stores=meta["stores"])
     model = GPT2WithMemory(settings, hook, n_token=meta["vocab_size"]).eval()
     ours = {}
     for key, value in tensors.items():
@@ -477,8 +479,9 @@ def run_gpt2_model(model, tensors, meta):
 def test_gpt2_model_matches_official(case):
     """Their whole GPT-2 with the LTM (`modeling_gpt2.py` of `finetune_gpt2` / `document_grounded_generation`: each
     Block keeps its input, or ln_1 of it, as the next block's memory; the LTM's output joins c_proj's) against ours
-    (`GPT2WithMemory`, the LTM behind the memory hook), same weights, 5 blocks of 512 (no memory, a first fit, 3
-    updates): per-token NLL and the KL of every block, then the gradient of every parameter they read."""
+    (`GPT2WithMemory`, the LTM behind the memory hook), same weights, 7 blocks of 512 (no memory, a first fit, 3
+    updates; language modelling: their threshold then empties the memory, a first fit and an update): per-token
+    NLL and the KL of every block, then the gradient of every parameter they read."""
     model, tensors, meta = build_gpt2_model(case)
     nll, kl, grads = run_gpt2_model(model, tensors, meta)
     _close(nll, tensors["output.nll"], "per-token NLL")
@@ -517,3 +520,15 @@ def test_gpt2_model_detects_a_broken_memory(case):
                                    for s in range(meta["blocks"])])
         moved = (nll[1:] - tensors["output.nll"][1:]).abs().amax(dim=(1, 2))
         assert (moved > 50 * TOLERANCE).all(), (broken, moved)
+
+
+def test_gpt2_lm_model_empties_its_memory_at_their_threshold():
+    """Their language-modelling LTM empties itself once it has absorbed 2,048 tokens (`mem_threshold`): without our
+    threshold the blocks after it (the 6th and 7th) move far beyond the tolerance, the earlier ones not at all."""
+    model, tensors, meta = build_gpt2_model("model_gpt2_lm")
+    assert meta["threshold"] == 2048
+    for memory in model.memories.values():
+        memory.threshold = None
+    nll, _, _ = run_gpt2_model(model, tensors, meta)
+    _close(nll[:5], tensors["output.nll"][:5], "blocks before the threshold")
+    assert ((nll[5:] - tensors["output.nll"][5:]).abs().amax(dim=(1, 2)) > 50 * TOLERANCE).all()
