@@ -362,6 +362,19 @@ def run_model(model, tensors, meta, *, carry_ltm: bool = True):
     return torch.stack(logp), torch.stack(losses), torch.stack(kls), grads
 
 
+def _close_gradients(grads: dict, tensors: dict, ours_name) -> int:
+    """Every gradient of the fixture (`grad.<their name>`) against ours (`ours_name` maps the name), relative to
+    their largest entry where it exceeds 1; how many were compared."""
+    compared = 0
+    for key, g in tensors.items():
+        if key.startswith("grad."):
+            name = ours_name(key[len("grad."):])
+            scale = g.abs().max().clamp_min(1.0)
+            _close(grads[name] / scale, g / scale, f"gradient of {name}")
+            compared += 1
+    return compared
+
+
 def test_sorting_model_matches_official():
     """Their whole sorting model (`sorting/mem_transformer.py` MemTransformerLM with the LTM, official setting:
     segment = STM = augment_len) against ours (`InfinityFormer`), same weights and inputs, 6 segments: the LTM's
@@ -374,13 +387,7 @@ def test_sorting_model_matches_official():
         _close(logp[s], theirs[s], f"segment {s} log-probabilities")
     _close(losses, tensors["output.loss"], "losses")
     _close(kls, tensors["output.kl"].mean(-1).mean(-1), "KL terms")
-    compared = 0
-    for key, g in tensors.items():
-        if key.startswith("grad."):
-            name = _model_name(key[len("grad."):])
-            scale = g.abs().max().clamp_min(1.0)
-            _close(grads[name] / scale, g / scale, f"gradient of {name}")
-            compared += 1
+    compared = _close_gradients(grads, tensors, _model_name)
     assert compared == len(grads) - 1  # all of ours but the output bias, which theirs does not have
 
 
@@ -486,13 +493,7 @@ def test_gpt2_model_matches_official(case):
     nll, kl, grads = run_gpt2_model(model, tensors, meta)
     _close(nll, tensors["output.nll"], "per-token NLL")
     _close(kl / 1e3, tensors["output.kl"].mean(dim=(1, 2)) / 1e3, "KL terms (÷1000: they reach ~1,000)")
-    compared = 0
-    for key, g in tensors.items():
-        if key.startswith("grad."):
-            name = _gpt2_name(key[len("grad."):])
-            scale = g.abs().max().clamp_min(1.0)
-            _close(grads[name] / scale, g / scale, f"gradient of {name}")
-            compared += 1
+    compared = _close_gradients(grads, tensors, _gpt2_name)
     assert compared == len(list(model.parameters()))  # every parameter of ours (the shared ones once)
 
 
