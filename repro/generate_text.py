@@ -50,7 +50,8 @@ def nucleus_mask(logits_V: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample_token(logits_V: torch.Tensor, settings: SamplingSettings, generator: torch.Generator,
                  banned: Collection[int] = ()) -> int:
-    logits = logits_V.float() / settings.temperature
+    # drawn where the generator lives (a CPU generator: the same draws on any device and in any DDP rank)
+    logits = logits_V.float().to(generator.device) / settings.temperature
     if banned:
         logits = logits.clone()
         logits[list(banned)] = float("-inf")

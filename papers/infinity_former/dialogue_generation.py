@@ -87,7 +87,7 @@ def respond(lm, context: list[int], types: list[int], *, stop: set[int], generat
         # sticky memories draw their sample points from torch's global generator: seed it from `generator`
         # for this response only, so that a response depends on its seed alone
         with torch.random.fork_rng(devices=[lm.device] if lm.device.type == "cuda" else []):
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
             for a, b in spans[:-1]:
                 _, mems = lm.model(ids[None, a:b], mems, types=typ[None, a:b])
             mems = lm.model.absorb(mems)  # refit once, not at every drawn token

@@ -71,7 +71,7 @@ def responses():
     rename = {old: words + k for k, old in enumerate(gpt2_special.values())}
     for name, x in list(t.items()):
         if x.dtype == torch.long and not name.endswith(("_lengths", "_count", "pieces")):
-            t[name] = x.apply_(lambda v: rename.get(v, v))
+            t[name] = x.cpu().apply_(lambda v: rename.get(v, v)).to(x.device)  # apply_ runs on CPU tensors only
     special = {name: rename[i] for name, i in gpt2_special.items()}
     tok = _Tok(special)
     convs, encs = [], []
