@@ -31,7 +31,10 @@ terms, gradients); shims as for the parameter counts below, and `augment = True`
 never set). The whole GPT-2 models (`model_gpt2_lm.pt`, `model_gpt2_dialogue.pt`, `make_gpt2_model`): each copy's
 `GPT2LMHeadModel` with the LTM (`finetune_gpt2`, `document_grounded_generation`) at tiny sizes over 7 blocks of
 512 (per-token NLL, KL terms, gradients); shims as for the GPT-2 parameter counts below, and `get_head_mask` (gone
-from the installed transformers).
+from the installed transformers). With sticky memories (`model_gpt2_lm_sticky.pt`, `model_gpt2_dialogue_sticky.pt`,
+`make_gpt2_model(..., sticky=True)`): the same weights and blocks with their sticky configs; recorded through
+`torch.distributions.Categorical` and their `update_inf` (`_record_sticky_draws`): the bins each update drew and
+the probabilities it drew them from.
 
 Parameter counts (`tests/parity/infinity_former/param_counts.pt`, `count_parameters`): the whole official models
 built at the paper configs' settings, on the meta device (their `LongTermAttention` constructors, which iterate
@@ -364,7 +367,7 @@ GPT2_MODEL = dict(n_layer=2, n_embd=8, n_head=2, vocab_size=64, n_basis=16, bloc
                   out_scale=100.0)
 
 
-def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
+def make_gpt2_model(checkout: Path, commit: str, copy: str, sticky: bool = False) -> None:
     """Their whole GPT-2 with the LTM at tiny sizes, no dropout, over GPT2_MODEL["blocks"] blocks fed one after the
     other as their training loops do (each `Block` keeps its input, or ln_1 of it, as `self.mem`; each LTM its
     coefficients): per block the per-token NLL and their KL terms, then the gradients of Σ over blocks of (their
@@ -373,7 +376,13 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
     `GPT2ConfigInftyFormer`; the blocks are one conversation's pieces, with their `train.py`'s flags: `new_doc` on the
     second piece, the first to read the memory, `last_doc` on the last). Shims beyond `_load_official_gpt2`: `init_weights` ties the output layer
     only, `get_head_mask` gives no mask (both gone from the installed transformers). Weights large (`enlarge_`),
-    the LTM's output projection ×out_scale on top, so that the memory moves the NLL far beyond the tolerance."""
+    the LTM's output projection ×out_scale on top, so that the memory moves the NLL far beyond the tolerance.
+
+    `sticky`: the same model and blocks with their sticky memories (their `infinite_memory_transformer_sticky_mem`
+    config / `GPT2ConfigInftyFormerSticky`; sticky memories add no parameter, and the weights are asserted equal to
+    the linear fixture's, which the test reads). Recorded per layer and update: the bins their update drew (their
+    points are the bins' left edges, stored as bin numbers) and the bin probabilities they drew from; the outputs,
+    no gradients (the draws are not differentiable; the linear fixture checks the backward pass)."""
     import json
 
     import transformers.modeling_utils
@@ -384,13 +393,15 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
     lm = copy == "finetune_gpt2"
     if lm:
         config_class = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2").GPT2Config
-        settings = json.loads((checkout / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
+        folder = "infinite_memory_transformer_sticky_mem" if sticky else "infinite_memory_transformer"
+        settings = json.loads((checkout / "finetune_gpt2" / folder / "config.json").read_text())
         for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
             settings.pop(key, None)
         settings.update(attn_drop=0.0)
     else:
         config_class = importlib.import_module(
-            f"{root}.models.gpt2.configuration_gpt2_inftyformer").GPT2ConfigInftyFormer
+            f"{root}.models.gpt2.configuration_gpt2_inftyformer_sticky").GPT2ConfigInftyFormerSticky if sticky else \
+            importlib.import_module(f"{root}.models.gpt2.configuration_gpt2_inftyformer").GPT2ConfigInftyFormer
         settings = {}
     settings.update(n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], vocab_size=m["vocab_size"],
                     n_positions=m["block"], n_ctx=m["block"], long_term_attention_basis=m["n_basis"],
@@ -420,6 +431,12 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
                     module.attn_out.weight.mul_(m["out_scale"])
         g = torch.Generator().manual_seed(2)
         tokens = torch.randint(0, m["vocab_size"], (m["blocks"], 1, m["block"]), generator=g)
+        ltms = [x for x in model.modules() if isinstance(x, modeling.LongTermAttention)]
+        assert all(x.sticky_memories == sticky for x in ltms)
+        bins, probs = [[] for _ in ltms], [[] for _ in ltms]
+        if sticky:
+            _record_sticky_draws(ltms, bins, probs)
+            torch.manual_seed(3)  # their sticky sampling draws from torch's global generator
         nlls, kls, total = [], [], 0.0
         for s in range(m["blocks"]):
             flags = {} if lm else dict(new_doc=s == 1, last_doc=s == m["blocks"] - 1)
@@ -428,8 +445,10 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
             nlls.append(-logp.gather(-1, tokens[s][:, 1:, None])[..., 0].detach())
             kls.append(kl.detach() if kl is not None else torch.zeros(1, m["n_head"] * m["block"]))
             total = total + out.loss + (m["kl_weight"] * kl.mean() if kl is not None else 0.0)
-        total.backward()
+        if not sticky:
+            total.backward()
     finally:
+        torch.distributions.Categorical = _CATEGORICAL
         pretrained.init_weights = saved[0]
         if saved[1] is None:
             del pretrained.get_head_mask
@@ -440,6 +459,19 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
     tensors.update({f"grad.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
     tensors.update({"input.tokens": tokens, "output.nll": torch.stack(nlls), "output.kl": torch.stack(kls)})
     name = "model_gpt2_lm" if lm else "model_gpt2_dialogue"
+    if sticky:  # the linear fixture's weights and tokens (written first, by the same draws)
+        from tests.parity.common import load_fixture
+
+        linear, _ = load_fixture(OUT / f"{name}.pt")
+        for key, value in tensors.items():
+            if key.startswith(("weight.", "input.")):
+                assert torch.equal(value, linear[key]), key
+        tensors = {"output.nll": tensors["output.nll"], "output.kl_mean": tensors["output.kl"].mean(dim=(1, 2))}
+        for i, (b, p) in enumerate(zip(bins, probs)):
+            assert len(b) == len(p) and b, f"layer {i}: {len(b)} draws recorded, {len(p)} histograms"
+            tensors[f"output.bins.{i}"] = torch.stack(b).to(torch.uint8)  # (updates, B, samples): bin numbers
+            tensors[f"output.bin_probs.{i}"] = torch.stack(p)  # (updates, B, 128)
+        name += "_sticky"
     meta = {"repo": "deep-spin/infinite-former", "commit": commit, "case": name, "copy": copy, **m,
             "mu_0": settings["mu_0"] if lm else None, "sigma_0": 0.05, "stores": "block_input" if lm else "ln_1",
             "threshold": next(x.mem_threshold for x in model.modules() if isinstance(x, modeling.LongTermAttention))
@@ -447,6 +479,38 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str) -> None:
             "n_samples": 512, "tau": 0.5, "ridge": 0.5, "widths": [0.005, 0.01], "min_var": 1e-4}
     save_fixture(OUT / f"{name}.pt", tensors, meta)
     print(f"{name}: {sum(v.numel() for v in tensors.values())} numbers")
+
+
+_CATEGORICAL = torch.distributions.Categorical
+
+
+def _record_sticky_draws(ltms: list, bins: list, probs: list) -> None:
+    """Record, per LTM (layer) and update, the bins their `update_inf` draws (`p.sample`: (samples, B)) and the bin
+    probabilities it draws them from, through `torch.distributions.Categorical` (restored by the caller)."""
+    current = [None]
+
+    class Recording(_CATEGORICAL):
+        def __init__(self, probs_=None, *args, **kwargs):
+            super().__init__(probs_, *args, **kwargs)
+            self.record = current[0] is not None and probs_ is not None and probs_.shape[-1] == 128
+
+        def sample(self, shape=torch.Size()):
+            out = super().sample(shape)
+            if self.record:
+                probs[current[0]].append(self.probs.detach().clone())
+                bins[current[0]].append(out.T.clone())  # (B, samples)
+            return out
+
+    torch.distributions.Categorical = Recording
+    for i, x in enumerate(ltms):
+        def update_inf(inp, i=i, original=x.update_inf):
+            current[0] = i
+            try:
+                return original(inp)
+            finally:
+                current[0] = None
+
+        x.update_inf = update_inf
 
 
 def _sorting_counts(checkout: Path) -> dict:
@@ -583,6 +647,8 @@ def main() -> None:
         make_sorting_model(checkout, commit)
         make_gpt2_model(checkout, commit, "finetune_gpt2")
         make_gpt2_model(checkout, commit, "document_grounded_generation")
+        make_gpt2_model(checkout, commit, "finetune_gpt2", sticky=True)
+        make_gpt2_model(checkout, commit, "document_grounded_generation", sticky=True)
     count_parameters(checkout, commit)
 
 

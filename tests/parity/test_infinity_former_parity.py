@@ -38,6 +38,12 @@ by 1.5–2.1, swapping two gate biases by 0.006–0.019, storing ln_1 of the blo
 (`model_gpt2_dialogue.pt`, Table 2: `document_grounded_generation`, whose memory is ln_1 of the block input, with
 their `train.py`'s new_doc / last_doc flags, no threshold): NLL to 1e-6; forgetting 1.7–2.2, gate biases
 0.020–0.052, storing the block input instead of ln_1 1.0–1.5.
+
+With sticky memories (`model_gpt2_lm_sticky.pt`, `model_gpt2_dialogue_sticky.pt`: the same weights and blocks,
+their sticky configs): their drawn bins are fed to each layer's update in turn (`feed_sticky_draws`), and per-token
+NLL (to 2e-6), KL terms and, per layer and update (4 in the language model, 5 in the dialogue), our histogram
+against the bin probabilities their draws came from (to 1e-6) agree. Reading the old signal at the linear points
+instead, or at the drawn bins mirrored, moves the NLL of every block from the first update on by 0.02–0.31.
 """
 
 from __future__ import annotations
@@ -161,7 +167,8 @@ def test_matches_official(name):
 
 def test_fixtures_are_complete():
     assert {"sorting", "gpt2_lm", "gpt2_lm_sticky", "gpt2_lm_floor", "dialogue", "dialogue_sticky"} <= set(CASES)
-    assert sum(p.stat().st_size for p in FIXTURES.glob("*.pt")) < 350_000
+    assert all((FIXTURES / f"{case}.pt").exists() for case in ["model_sorting", *GPT2_CASES, *GPT2_STICKY_CASES])
+    assert sum(p.stat().st_size for p in FIXTURES.glob("*.pt")) < 400_000
 
 
 @pytest.mark.parametrize("name", ["sorting", "gpt2_lm", "dialogue_sticky"])
@@ -427,9 +434,14 @@ def build_gpt2_model(case: str):
     from papers.infinity_former.hooks import MemoryHook
 
     tensors, meta = load_fixture(FIXTURES / f"{case}.pt")
+    sticky = case.endswith("_sticky")
+    if sticky:  # the weights and tokens are the linear fixture's (the generator asserts it)
+        linear, _ = load_fixture(FIXTURES / f"{case.removesuffix('_sticky')}.pt")
+        tensors = {**{k: v for k, v in linear.items() if k.startswith(("weight.", "input."))}, **tensors}
     mu_0 = None if meta["mu_0"] is None else float(meta["mu_0"])
     ltm = dict(n_basis=meta["n_basis"], widths=tuple(meta["widths"]), ridge=meta["ridge"], tau=meta["tau"],
-               n_samples=meta["n_samples"], sampling="linear", sigma_0=meta["sigma_0"], mu_0=mu_0,
+               n_samples=meta["n_samples"], sampling="sticky" if sticky else "linear", n_bins=128,
+               sigma_0=meta["sigma_0"], mu_0=mu_0,
                kl_weight=meta["kl_weight"], min_var=meta["min_var"], grid="official", gate=True)
     settings = GPT2Settings(pretrained=None, n_layer=meta["n_layer"], n_embd=meta["n_embd"], n_head=meta["n_head"],
                             n_positions=meta["block"], dropout=0.0)
@@ -516,6 +528,62 @@ def test_gpt2_model_detects_a_broken_memory(case):
         nll, _, _ = run_gpt2_model(model, tensors, meta, carry=broken != "forget")
         moved = (nll[1:] - tensors["output.nll"][1:]).abs().amax(dim=(1, 2))
         assert (moved > 50 * TOLERANCE).all(), (broken, moved)
+
+
+GPT2_STICKY_CASES = ["model_gpt2_lm_sticky", "model_gpt2_dialogue_sticky"]
+
+
+def feed_sticky_draws(model, tensors, *, points=None) -> dict[str, list]:
+    """Every layer's LTM reads, at each update in turn, the points their sticky update read: the left edges of the
+    bins they drew, sorted as theirs (`Categorical(ones(1))` always draws 0: our documented deviation draws uniformly
+    inside the bin). `points(bins_BM)` changes them (the power test). Returns per layer the normalised histograms
+    ours would have drawn from."""
+    seen = {}
+    for i, memory in model.memories.items():
+        queue, seen[i] = list(tensors[f"output.bins.{i}"]), []
+
+        def sample_points(b, hist_BK, device, queue=queue, seen=seen[i]):
+            seen.append(hist_BK / hist_BK.sum(-1, keepdim=True))
+            bins = queue.pop(0).double()
+            return ((points or (lambda x: x))(bins).sort(-1).values / 128).to(device)
+
+        memory.ltm.sample_points = sample_points
+    return seen
+
+
+@pytest.mark.parametrize("case", GPT2_STICKY_CASES)
+def test_gpt2_sticky_model_matches_official(case):
+    """Their whole GPT-2 with sticky memories (`infinite_memory_transformer_sticky_mem`, `GPT2ConfigInftyFormerSticky`)
+    against ours (`sampling: sticky`), the weights and blocks of the linear fixture, their drawn bins fed to ours:
+    per-token NLL and KL of every block, and per layer and update the bin probabilities their draws came from
+    against our histogram (which layer's attention of which block feeds which update, across the threshold)."""
+    model, tensors, meta = build_gpt2_model(case)
+    seen = feed_sticky_draws(model, tensors)
+    nll, kl, _ = run_gpt2_model(model, tensors, meta)
+    _close(nll, tensors["output.nll"], "per-token NLL")
+    _close(kl / 1e3, tensors["output.kl_mean"] / 1e3, "KL terms (÷1000: they reach ~1,000)")
+    for i, hists in seen.items():
+        assert len(hists) == len(tensors[f"output.bins.{i}"]), f"layer {i}: {len(hists)} sticky updates"
+        _close(torch.stack(hists), tensors[f"output.bin_probs.{i}"], f"layer {i} sticky histograms")
+
+
+@pytest.mark.parametrize("case", GPT2_STICKY_CASES)
+def test_gpt2_sticky_model_detects_other_points(case):
+    """Reading the old signal at other points — the linear ones (sticky memories off), or their drawn bins
+    mirrored (bin k read as 127 − k) — moves the NLL of the blocks after the first update far beyond the
+    tolerance."""
+    for broken in ("linear", "mirrored"):
+        model, tensors, meta = build_gpt2_model(case)
+        if broken == "linear":
+            for memory in model.memories.values():
+                memory.ltm.cfg = dataclasses.replace(memory.ltm.cfg, sampling="linear")
+        else:
+            feed_sticky_draws(model, tensors, points=lambda bins: 127 - bins)
+        nll, _, _ = run_gpt2_model(model, tensors, meta)
+        moved = (nll - tensors["output.nll"]).abs().amax(dim=(1, 2))
+        first = 2  # block 0 has no memory, block 1 reads a first fit (no samples), block 2 the first update
+        _close(nll[:first], tensors["output.nll"][:first], f"{broken}: blocks before the first update")
+        assert (moved[first:] > 50 * TOLERANCE).all(), (broken, moved)
 
 
 def test_gpt2_lm_model_empties_its_memory_at_their_threshold():
