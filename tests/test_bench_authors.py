@@ -1,7 +1,8 @@
-"""The side-by-side harnesses of `repro bench-txl-authors`, `bench-lamemo-authors` and `bench-mgk-authors`, run on
-our models on both sides (the authors' code is not on this machine's test path): every code is timed in every
-round, the memory is carried through the timed segments and reset between runs, a missing checkout is one line,
-and the MGK layer timed is the paper config's."""
+"""The side-by-side harnesses of `repro bench-txl-authors`, `bench-lamemo-authors`, `bench-mgk-authors` and
+`bench-infinity-former-authors`, run on our models on both sides (the authors' code is not on this machine's test
+path): every code is timed in every round, the memory is carried through the timed segments and reset between runs,
+a missing checkout is one line, the MGK layer timed is the paper config's, and the ∞-former's sequence step is the
+sorting module's."""
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def test_mgk_bench_times_the_paper_configs_layer(config):
 
 
 @pytest.mark.parametrize("module", ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors",
-                                    "papers.mgk.bench_authors"])
+                                    "papers.mgk.bench_authors", "papers.infinity_former.bench_authors"])
 @pytest.mark.parametrize("device, message", [("tpu:0", "is not a device"),
                                              ("meta", "only cpu and cuda are timed")]
                          + ([] if torch.cuda.is_available() else [("cuda", "sees no GPU")]))
@@ -86,3 +87,68 @@ def test_a_device_it_cannot_time_on_is_refused_in_one_line(module, device, messa
 
     with pytest.raises(SystemExit, match=message):
         importlib.import_module(module).main(["--checkout", str(tmp_path), "--device", device])
+
+
+def test_infinity_former_bench_refuses_a_bad_checkout_or_config_in_one_line(tmp_path):
+    from papers.infinity_former import bench_authors
+
+    with pytest.raises(SystemExit, match="has no sorting/mem_transformer.py"):
+        with bench_authors.sorting_modules(tmp_path):
+            pass
+    with pytest.raises(SystemExit, match="no such file"):
+        bench_authors.main(["--checkout", str(tmp_path), "--config", str(tmp_path / "missing.yaml")])
+    with pytest.raises(SystemExit, match="is not an ∞-former sorting config"):
+        bench_authors.main(["--checkout", str(tmp_path), "--config", "configs/infinity_former/tiny/sort_512_txl.yaml"])
+    with pytest.raises(SystemExit, match="--batch must be at least 1"):
+        bench_authors.main(["--checkout", str(tmp_path), "--batch", "0"])
+
+
+def test_infinity_former_bench_sequence_is_the_sorting_layout_and_its_step_the_modules():
+    """One timed step is one group of examples as `repro.data.sorting` lays it out (L symbols, the separator and
+    the sorted output, cut into segments; only the 20 outputs scored) and as `SortingLM.training_step` runs it: the
+    LTM absorbs every segment, and the backward pass reaches the parameters from the scored segment only."""
+    from papers.infinity_former import bench_authors
+    from repro.data.sorting import N_SYMBOLS, PAD
+
+    c = bench_authors.read_config("configs/infinity_former/tiny/sort_256_infty.yaml")
+    segments = bench_authors.sequence(c, 2, "cpu")
+    t, length = c["tgt_len"], c["length"]
+    assert [x.shape for x, _ in segments] == [(2, min(t, length + N_SYMBOLS - i)) for i in range(0, length + N_SYMBOLS, t)]
+    targets = torch.cat([y for _, y in segments], 1)
+    assert (targets[:, :length] == PAD).all() and (targets[:, length:] != PAD).all()
+    inputs = torch.cat([x for x, _ in segments], 1)
+    assert (inputs[:, length] == N_SYMBOLS).all() and torch.equal(inputs[:, length + 1:], targets[:, length:-1])
+    torch.manual_seed(0)
+    model = bench_authors.our_sorting_model(c, "cpu").train()
+    mems = bench_authors.step_ours(model, segments, c["mem_len"])
+    n, basis = c["model"]["n_layer"], c["ltm"]["n_basis"]
+    assert [m.shape[1] for m in mems[2 * n:3 * n]] == [basis] * n  # every layer's LTM holds a signal
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None for g in grads) and sum(float(g.abs().sum()) for g in grads) > 0
+
+
+def test_infinity_former_bench_initialises_their_model_as_their_train_py():
+    """`init_as_train_py` follows `sorting/train.py`'s `weights_init` by class name (the official constructor
+    leaves tensors uninitialised): Linear N(0, 0.02) with zero biases, LayerNorm weights N(1, 0.02), embeddings
+    N(0, 0.02), the relative-position biases of a `…TransformerLM` N(0, 0.02); other modules untouched."""
+    from papers.infinity_former.bench_authors import init_as_train_py
+
+    class MemTransformerLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(200, 300)
+            self.norm = torch.nn.LayerNorm(3000)
+            self.emb = torch.nn.Embedding(300, 200)
+            self.conv = torch.nn.Conv1d(4, 4, 3)
+            self.r_w_bias = torch.nn.Parameter(torch.full((100, 60), float("nan")))
+
+    model = MemTransformerLM()
+    conv = model.conv.weight.detach().clone()
+    torch.manual_seed(0)
+    init_as_train_py(model)
+    for w, mean in ((model.lin.weight, 0.0), (model.emb.weight, 0.0), (model.norm.weight, 1.0),
+                    (model.r_w_bias, 0.0)):
+        w = w.detach()
+        assert abs(float(w.mean()) - mean) < 2e-3 and abs(float(w.std()) - 0.02) < 1e-3
+    assert float(model.lin.bias.abs().max()) == 0 and float(model.norm.bias.abs().max()) == 0
+    assert torch.equal(model.conv.weight, conv)

@@ -1,8 +1,9 @@
 """The commands the ∞-former adds to `repro` (listed in pyproject.toml's `repro.commands` entry points and
 collected by `repro.cli.registry`): `repro bench-context`, the cost of one segment as the context grows, against
-Transformer-XL (`papers.infinity_former.context_cost`), and `repro ltm-gain`, whether a config's long-term memory
-stays bounded over updates (`papers.infinity_former.stability`). Importing this module imports neither torch nor
-the commands' modules."""
+Transformer-XL (`papers.infinity_former.context_cost`), `repro ltm-gain`, whether a config's long-term memory
+stays bounded over updates (`papers.infinity_former.stability`), and `repro bench-infinity-former-authors`, the
+whole sorting model against the authors' code (`papers.infinity_former.bench_authors`). Importing this module
+imports neither torch nor the commands' modules."""
 
 from __future__ import annotations
 
@@ -23,7 +24,16 @@ def ltm_gain(argv: list[str]) -> None:
     stability.main(argv)
 
 
+def bench_authors(argv: list[str]) -> None:
+    from papers.infinity_former import bench_authors as bench
+
+    bench.main(argv)
+
+
 HELP = "time and memory per segment as the context grows (∞-former vs TXL)"
 GAIN_HELP = "the LTM update's gain per update for each config (> 1: the memory grows without bound)"
 
-COMMANDS = {"bench-context": (bench_context, HELP), "ltm-gain": (ltm_gain, GAIN_HELP)}
+AUTHORS_HELP = "the whole ∞-former sorting model against the authors' code, training tokens/s side by side"
+
+COMMANDS = {"bench-context": (bench_context, HELP), "ltm-gain": (ltm_gain, GAIN_HELP),
+            "bench-infinity-former-authors": (bench_authors, AUTHORS_HELP)}

@@ -64,7 +64,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from contextlib import contextmanager
 from copy import deepcopy
 from pathlib import Path
 
@@ -72,6 +71,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
+# the shims the ∞-former benchmark uses too (`repro bench-infinity-former-authors`)
+from papers.infinity_former.bench_authors import cuda_on_cpu as _cuda_on_cpu  # noqa: E402
+from papers.infinity_former.bench_authors import sorting_modules as _sorting_modules  # noqa: E402
+from papers.infinity_former.bench_authors import stub_entmax as _stub_entmax  # noqa: E402
 
 OUT = HERE / "infinity_former"
 H, E, N, L, T, STEPS = 2, 4, 16, 16, 5, 4
@@ -93,32 +96,6 @@ GPT2_DIRS = {
     "finetune_gpt2": "finetune_gpt2/src/transformers/models/gpt2",
     "document_grounded_generation": "document_grounded_generation/transformers/src/transformers/models/gpt2",
 }
-
-
-@contextmanager
-def _cuda_on_cpu():
-    """Their constructors move tensors `.to('cuda')`: map that device to the CPU while they run."""
-    original = torch.Tensor.to
-
-    def to(self, *args, **kwargs):
-        args = tuple("cpu" if isinstance(a, str) and a.startswith("cuda") else a for a in args)
-        if isinstance(kwargs.get("device"), str) and kwargs["device"].startswith("cuda"):
-            kwargs["device"] = "cpu"
-        return original(self, *args, **kwargs)
-
-    torch.Tensor.to = to
-    try:
-        yield
-    finally:
-        torch.Tensor.to = original
-
-
-def _stub_entmax():
-    if "entmax" not in sys.modules:
-        stub = types.ModuleType("entmax")
-        for name in ("Sparsemax", "Entmax15", "EntmaxBisect"):
-            setattr(stub, name, type(name, (), {}))
-        sys.modules["entmax"] = stub
 
 
 def _load_gpt2_copy(checkout: Path, copy: str):
@@ -270,30 +247,6 @@ def _counts(model: torch.nn.Module, copy: str, checkout: Path) -> dict:
         unread[attr] = sum(p.numel() for n, p in model.named_parameters() if f".{attr}." in f".{n}")
     total = sum(p.numel() for p in model.parameters())
     return {"total": total, "unread": unread, "used": total - sum(unread.values())}
-
-
-@contextmanager
-def _sorting_modules(checkout: Path):
-    """Their `sorting/` modules (`long_term_attention`, `mem_transformer`) importable inside the block."""
-    _stub_entmax()
-    for name in ("attention", "long_term_attention_transformer"):  # imported by mem_transformer.py, not released
-        stub = types.ModuleType(name)
-        stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
-        sys.modules[name] = stub
-    cuda_version = torch.version.cuda
-    torch.version.cuda = cuda_version or "10.0"  # read at import by their utils/proj_adaptive_softmax.py
-    try:
-        with on_path(checkout / "sorting"), on_path(checkout / "sorting" / "utils"):
-            try:
-                import long_term_attention as lta
-                import mem_transformer as mt
-            finally:
-                torch.version.cuda = cuda_version
-            lta.LongTermAttention.share_mask = False  # read by their constructor, never set (official defect)
-            yield lta, mt
-    finally:
-        for name in ("attention", "long_term_attention_transformer"):
-            sys.modules.pop(name, None)
 
 
 # ------------------------------------------------------------------------------- the whole sorting model

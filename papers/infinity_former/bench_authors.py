@@ -1,0 +1,343 @@
+"""The ∞-former's cost against the authors' code, the whole sorting model side by side: `repro bench-infinity-former-authors`.
+
+Follows `papers.mgk.bench_authors` (both codes in one process, taking turns within each round, tokens/s per round)
+with the whole model of Figure 3: the official `MemTransformerLM` with the long-term memory (deep-spin/infinite-
+former `sorting/mem_transformer.py` and `long_term_attention.py`, imported from a checkout) and ours
+(`papers.infinity_former.model.InfinityFormer`), both built from one sorting config (`--config`; default the
+paper's `sort_8000_infty`: 3 layers of 300, 6 heads of 50, inner 300, dropout 0.1, segment = short-term memory =
+1,024, N = 1,024 basis functions, 512 update samples, batch 8). Theirs takes N from the config; its other LTM
+settings are hard-coded (τ 0.75, ridge 1, widths 0.01/0.05, 512 samples: the paper config's values).
+
+One timed step is one training sequence as the official loop (`sorting/train.py`) runs it: an example of L symbols,
+the separator and the sorted output (L + 20 tokens) cut into segments; every segment but the last forward under
+`no_grad` with the memory carried (the LTM absorbing each), the last forward with gradients and the loss over the
+20 sorted outputs + λ_KL × the KL term backward. Not timed: the optimizer (theirs steps after every segment, ours
+once per sequence: README) and the data. Tokens/s counts every token of the sequence. Same random tokens for both.
+
+Run-time shims only (`sorting_modules`, `official_sorting_model`; tests/parity/make_infinity_former.py uses the
+same): `entmax` and two modules `mem_transformer.py` imports but the release lacks are stand-ins;
+`torch.version.cuda` is set while importing (read by their adaptive softmax); `LongTermAttention.share_mask =
+False` and the model's `augment = True` (read, never set: the official defects the README lists); on a CPU their
+constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute set to it.
+`--device cuda` puts both models on a GPU (the clock read with its queue drained; peak memory per code).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import types
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from papers.transformer_xl.bench_authors import _sync, check_device, device_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "configs" / "infinity_former" / "paper" / "sort_8000_infty.yaml"
+N_TOKEN, PAD, N_SYMBOLS = 22, 21, 20  # 20 symbols, the separator, the pad (repro.data.sorting)
+
+
+@contextmanager
+def cuda_on_cpu():
+    """Their constructors move tensors `.to('cuda')`: map that device to the CPU while they run."""
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        args = tuple("cpu" if isinstance(a, str) and a.startswith("cuda") else a for a in args)
+        if isinstance(kwargs.get("device"), str) and kwargs["device"].startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.to = to
+    try:
+        yield
+    finally:
+        torch.Tensor.to = original
+
+
+def stub_entmax() -> None:
+    """`entmax` (imported by their continuous attention, used only by the sparsemax settings) as a stand-in."""
+    if "entmax" not in sys.modules:
+        stub = types.ModuleType("entmax")
+        for name in ("Sparsemax", "Entmax15", "EntmaxBisect"):
+            setattr(stub, name, type(name, (), {}))
+        sys.modules["entmax"] = stub
+
+
+@contextmanager
+def sorting_modules(checkout: Path):
+    """Their `sorting/` modules (`long_term_attention`, `mem_transformer`) importable inside the block, forgotten
+    after it (a Transformer-XL or LaMemo checkout has modules of the same names)."""
+    source = Path(checkout).resolve() / "sorting"
+    if not (source / "mem_transformer.py").is_file():
+        raise SystemExit(f"repro bench-infinity-former-authors: {checkout} has no sorting/mem_transformer.py; "
+                         "pass a checkout of deep-spin/infinite-former with --checkout")
+    stub_entmax()
+    stubs = ("attention", "long_term_attention_transformer")  # imported by mem_transformer.py, not released
+    for name in stubs:
+        stub = types.ModuleType(name)
+        stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
+        sys.modules[name] = stub
+    before = set(sys.modules)
+    paths = [str(source), str(source / "utils")]
+    sys.path[:0] = paths
+    cuda_version = torch.version.cuda
+    torch.version.cuda = cuda_version or "10.0"  # read at import by their utils/proj_adaptive_softmax.py
+    anomaly = torch.is_anomaly_enabled()  # their continuous_softmax.py turns anomaly detection on at import
+    try:
+        try:
+            import long_term_attention as lta  # noqa: PLC0415
+            import mem_transformer as mt  # noqa: PLC0415
+        finally:
+            torch.version.cuda = cuda_version
+        lta.LongTermAttention.share_mask = False  # read by their constructor, never set (official defect)
+        yield lta, mt
+    finally:
+        torch.autograd.set_detect_anomaly(anomaly)
+        for p in paths:
+            sys.path.remove(p)
+        for name in set(sys.modules) - before:
+            if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(str(source)):
+                del sys.modules[name]
+        for name in stubs:
+            sys.modules.pop(name, None)
+
+
+def official_sorting_model(lta, mt, *, n_layer: int, n_head: int, d_head: int, d_inner: int, dropout: float,
+                           dropatt: float, tgt_len: int, mem_len: int, n_basis: int, device: str = "cpu"):
+    """Their `MemTransformerLM` with the LTM as `sorting/run_sort_inftyformer.sh` builds it (affines, CNN mask,
+    KL regulariser, σ₀ 0.05, augment_len = segment, unbounded memory), with N = `n_basis`, on `device`."""
+    d_model = n_head * d_head
+    building = cuda_on_cpu() if torch.device(device).type == "cpu" else nullcontext()
+    with building:
+        model = mt.MemTransformerLM(
+            N_TOKEN, n_layer, n_head, d_model, d_head, d_inner, dropout, dropatt, tie_weight=True, tgt_len=tgt_len,
+            eval_tgt_len=tgt_len, ext_len=0, mem_len=mem_len, attn_type=0, long_term_attention=True,
+            long_term_attention_basis=n_basis, long_term_attention_norm="softmax", infinite_memory=True,
+            n_layers=n_layer, augment_len=tgt_len, affines=True, mask=True, mask_type="cnn", kl_regularizer=True,
+            sigma_0=0.05, mu_0=None)
+    for module in model.modules():
+        if isinstance(module, lta.LongTermAttention):
+            module.device = str(device)
+    model.augment = True  # read by their `_update_mems`, never set (official defect)
+    init_as_train_py(model)
+    return model.to(device)
+
+
+def init_as_train_py(model: torch.nn.Module, std: float = 0.02, proj_std: float = 0.01) -> None:
+    """The initialisation `sorting/train.py` applies (`model.apply(weights_init)`, its defaults `--init normal
+    --init_std 0.02 --proj_init_std 0.01`): their constructor leaves some tensors uninitialised (`torch.Tensor(...)`
+    biases). By module class name, as theirs: Linear weights N(0, std) and biases 0; embeddings N(0, std) (adaptive
+    ones' projections N(0, proj_std)); the adaptive softmax's cluster weights N(0, std), biases 0, projections
+    N(0, proj_std); LayerNorm weights N(1, std), biases 0; the model's relative-position biases N(0, std). Other
+    modules (their LTM's convolution) keep PyTorch's defaults."""
+    nn = torch.nn.init
+    with torch.no_grad():
+        for m in model.modules():
+            kind = type(m).__name__
+            if "Linear" in kind:
+                if getattr(m, "weight", None) is not None:
+                    nn.normal_(m.weight, 0.0, std)
+                if getattr(m, "bias", None) is not None:
+                    nn.zeros_(m.bias)
+            elif "AdaptiveEmbedding" in kind:
+                for proj in getattr(m, "emb_projs", []):
+                    if proj is not None:
+                        nn.normal_(proj, 0.0, proj_std)
+            elif "Embedding" in kind:
+                if getattr(m, "weight", None) is not None:
+                    nn.normal_(m.weight, 0.0, std)
+            elif "ProjectedAdaptiveLogSoftmax" in kind:
+                if getattr(m, "cluster_weight", None) is not None:
+                    nn.normal_(m.cluster_weight, 0.0, std)
+                if getattr(m, "cluster_bias", None) is not None:
+                    nn.zeros_(m.cluster_bias)
+                for proj in getattr(m, "out_projs", []):
+                    if proj is not None:
+                        nn.normal_(proj, 0.0, proj_std)
+            elif "LayerNorm" in kind:
+                if getattr(m, "weight", None) is not None:
+                    nn.normal_(m.weight, 1.0, std)
+                if getattr(m, "bias", None) is not None:
+                    nn.zeros_(m.bias)
+            elif "TransformerLM" in kind:
+                for name in ("r_emb", "r_w_bias", "r_r_bias"):
+                    if getattr(m, name, None) is not None:
+                        nn.normal_(getattr(m, name), 0.0, std)
+                if getattr(m, "r_bias", None) is not None:
+                    nn.zeros_(m.r_bias)
+
+
+def read_config(path: Path) -> dict:
+    """The sorting settings of a config (`configs/infinity_former/*/sort_*_infty*.yaml`)."""
+    import yaml  # noqa: PLC0415
+
+    cfg = yaml.safe_load(Path(path).read_text())
+    init = cfg["model"]["init_args"]
+    if init.get("backbone") != "infinity_former" or not init.get("ltm"):
+        raise SystemExit(f"repro bench-infinity-former-authors: {path} is not an ∞-former sorting config "
+                         "(model.init_args.backbone: infinity_former with an ltm block)")
+    data = cfg["data"]["init_args"]
+    return {"model": init["model"], "ltm": init["ltm"], "mem_len": init["memory"]["mem_len"],
+            "length": data["length"], "batch": data["batch_size"], "tgt_len": data["tgt_len"]}
+
+
+def our_sorting_model(c: dict, device: str):
+    from papers.infinity_former.ltm import LTMConfig  # noqa: PLC0415
+    from papers.infinity_former.model import InfinityFormer  # noqa: PLC0415
+    from papers.transformer_xl.model import TransformerXLConfig  # noqa: PLC0415
+
+    m = c["model"]
+    cfg = TransformerXLConfig(n_layer=m["n_layer"], d_model=m["d_model"], n_head=m["n_head"], d_head=m["d_head"],
+                              d_inner=m["d_inner"], n_token=N_TOKEN, dropout=m["dropout"], dropatt=m["dropatt"],
+                              cutoffs=(), tie_weight=m.get("tie_weight", False))
+    ltm = dict(c["ltm"])
+    ltm["widths"] = tuple(ltm["widths"])
+    return InfinityFormer(cfg, LTMConfig(**ltm)).to(device)
+
+
+def sequence(c: dict, batch: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One group of `batch` examples as (input, target) segments (B, ≤ T): random symbols, the separator, 19 sorted
+    outputs as input; PAD over the sequence and the 20 outputs as target (repro.data.sorting's layout)."""
+    g = torch.Generator().manual_seed(0)
+    body = torch.randint(0, N_SYMBOLS, (batch, c["length"]), generator=g)
+    out = torch.sort(torch.randint(0, N_SYMBOLS, (batch, N_SYMBOLS), generator=g), -1, descending=True).values
+    inp = torch.cat([body, torch.full((batch, 1), N_SYMBOLS), out[:, :-1]], 1)
+    tgt = torch.cat([torch.full((batch, c["length"]), PAD), out], 1)
+    t = c["tgt_len"]
+    return [(inp[:, i:i + t].to(device), tgt[:, i:i + t].to(device)) for i in range(0, inp.shape[1], t)]
+
+
+def step_theirs(model, segments, kl_weight: float) -> None:
+    """`sorting/train.py`'s sequence: no_grad segments, then the last with (loss + kl_m × KL mean).backward()."""
+    mems: tuple = ()
+    for j, (x, y) in enumerate(segments):
+        final = j == len(segments) - 1
+        with nullcontext() if final else torch.no_grad():
+            ret, _, _, kl = model(x.T.contiguous(), y.T.contiguous(), *mems, doc_final=final)
+        loss, mems = ret[0], ret[1:]
+        if final:
+            (loss + kl_weight * kl.float().mean().type_as(loss) if kl is not None else loss).backward()
+
+
+def step_ours(model, segments, mem_len: int) -> list:
+    """`papers.infinity_former.module.SortingLM.training_step` over one group, without the optimizer; returns the
+    memories after the last segment."""
+    mems = None
+    for j, (x, y) in enumerate(segments):
+        scored = bool((y != PAD).any())
+        if not scored and j < len(segments) - 1:
+            with torch.no_grad():
+                _, mems = model(x, mems, mem_len=mem_len)
+            continue
+        h, mems = model(x, mems, mem_len=mem_len)
+        mask = y != PAD
+        loss = model.nll(h[mask][None], y[mask][None]).sum() / (N_SYMBOLS * x.shape[0])
+        aux = model.aux_losses() if j == len(segments) - 1 else {}
+        (loss + sum(aux.values()) if aux else loss).backward()
+    return mems
+
+
+def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32", batch: int | None = None,
+        rounds: int = 3, steps: int = 1, warmup: int = 1, threads: int = 2, device: str = "cpu") -> dict:
+    """Tokens/s per round of three codes taking turns: theirs as released (with the anomaly detection their
+    `continuous_softmax.py` turns on at import: every backward output checked, every forward op's stack
+    recorded), theirs without it, and ours (without it)."""
+    torch.set_num_threads(threads)
+    c = read_config(config)
+    b = batch or c["batch"]
+    dev = torch.device(device)
+    m = c["model"]
+    with sorting_modules(checkout) as (lta, mt):
+        their_anomaly = torch.is_anomaly_enabled()
+        torch.manual_seed(0)
+        theirs = official_sorting_model(lta, mt, n_layer=m["n_layer"], n_head=m["n_head"], d_head=m["d_head"],
+                                        d_inner=m["d_inner"], dropout=m["dropout"], dropatt=m["dropatt"],
+                                        tgt_len=c["tgt_len"], mem_len=c["mem_len"], n_basis=c["ltm"]["n_basis"],
+                                        device=device).train()
+    torch.manual_seed(0)
+    ours = our_sorting_model(c, device).train()
+    segments = sequence(c, b, device)
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    kl_weight = c["ltm"]["kl_weight"]
+    codes = {"theirs": (theirs, lambda: step_theirs(theirs, segments, kl_weight), their_anomaly),
+             "theirs_no_anomaly": (theirs, lambda: step_theirs(theirs, segments, kl_weight), False),
+             "ours": (ours, lambda: step_ours(ours, segments, c["mem_len"]), False)}
+
+    def timed(name: str, n: int) -> float:
+        model, step, anomaly = codes[name]
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.autograd.set_detect_anomaly(anomaly):
+            for _ in range(n):
+                model.zero_grad(set_to_none=True)
+                with cast:
+                    step()
+        _sync(dev)
+        return time.perf_counter() - t0
+
+    peak = {}
+    for name in codes:
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        timed(name, warmup)
+        if dev.type == "cuda":
+            peak[name] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
+    tokens = b * sum(x.shape[1] for x, _ in segments)
+    speeds: dict[str, list[float]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name in codes:
+            speeds[name].append(round(steps * tokens / timed(name, steps), 1))
+    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
+             for other in ("theirs", "theirs_no_anomaly")}
+    path = Path(config).resolve()
+    return {"config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
+            "precision": precision, "batch": b, "length": c["length"], "segment": c["tgt_len"],
+            "segments": len(segments), "n_basis": c["ltm"]["n_basis"], "threads": threads, "rounds": rounds,
+            "steps": steps, "warmup": warmup, "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds,
+            "ours_over": ratio, "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
+            "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
+                           "ours": sum(p.numel() for p in ours.parameters())},
+            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+
+
+def main(argv: list[str]) -> None:
+    import argparse  # noqa: PLC0415
+
+    from repro.allocator import keep_freed_memory  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(prog="repro bench-infinity-former-authors", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkout", type=Path, required=True, help="a checkout of deep-spin/infinite-former")
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="an ∞-former sorting config (default: %(default)s)")
+    p.add_argument("--precision", choices=["32", "bf16"], default="32")
+    p.add_argument("--batch", type=int, help="examples per sequence step (default: the config's)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=1, help="sequences per code and round")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both models on it")
+    p.add_argument("--output", type=Path, help="append the row (JSON line) to this file")
+    a = p.parse_args(argv)
+    if not a.config.is_file():
+        raise SystemExit(f"{p.prog}: --config {a.config}: no such file")
+    for name in ("batch", "rounds", "steps", "threads"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise SystemExit(f"{p.prog}: --{name} must be at least 1, got {getattr(a, name)}")
+    check_device(p.prog, a.device)
+    keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
+    row = run(a.checkout, config=a.config, precision=a.precision, batch=a.batch, rounds=a.rounds, steps=a.steps,
+              warmup=a.warmup, threads=a.threads, device=a.device)
+    med = {k: statistics.median(v) for k, v in row["tokens_per_s"].items()}
+    r = row["ours_over"]
+    print(f"{Path(row['config']).stem} {row['precision']} batch {row['batch']} × {row['segments']} segments of "
+          f"{row['segment']} on {row['device']}, tokens/s: theirs {med['theirs']:,.0f} (without their anomaly "
+          f"detection {med['theirs_no_anomaly']:,.0f}), ours {med['ours']:,.0f}; ours / theirs "
+          f"{min(r['theirs']):.2f}–{max(r['theirs']):.2f}× ({min(r['theirs_no_anomaly']):.2f}–"
+          f"{max(r['theirs_no_anomaly']):.2f}× without it) over {row['rounds']} rounds", flush=True)
+    if a.output:
+        with a.output.open("a") as f:
+            f.write(json.dumps(row) + "\n")
