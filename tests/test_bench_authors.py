@@ -152,3 +152,16 @@ def test_infinity_former_bench_initialises_their_model_as_their_train_py():
         assert abs(float(w.mean()) - mean) < 2e-3 and abs(float(w.std()) - 0.02) < 1e-3
     assert not model.lin.bias.detach().any() and not model.norm.bias.detach().any()
     assert torch.equal(model.conv.weight, conv)
+
+
+def test_infinity_former_gpt2_bench_refuses_bad_input_in_one_line(tmp_path):
+    """`--model gpt2_lm`: a sorting-only option, a checkout without their GPT-2 copy, and a GPT-2 config without
+    the LTM are each refused in one line."""
+    from papers.infinity_former import bench_authors
+
+    with pytest.raises(SystemExit, match="--batch is for the sorting model"):
+        bench_authors.main(["--checkout", str(tmp_path), "--model", "gpt2_lm", "--batch", "2"])
+    with pytest.raises(SystemExit, match="has no finetune_gpt2/src/transformers/models/gpt2/modeling_gpt2.py"):
+        bench_authors.main(["--checkout", str(tmp_path), "--model", "gpt2_lm", "--steps", "1"])
+    with pytest.raises(SystemExit, match="is not an ∞-former GPT-2 config"):
+        bench_authors.our_gpt2_lm("configs/infinity_former/paper/gpt2_wt103_gpt2.yaml", "cpu")

@@ -14,16 +14,27 @@ the separator and the sorted output (L + 20 tokens) cut into segments; every seg
 20 sorted outputs + λ_KL × the KL term backward. Not timed: the optimizer (theirs steps after every segment, ours
 once per sequence: README) and the data. Tokens/s counts every token of the sequence. Same random tokens for both.
 
-Run-time shims only (`sorting_modules`, `official_sorting_model`; tests/parity/make_infinity_former.py uses the
-same): `entmax` and two modules `mem_transformer.py` imports but the release lacks are stand-ins;
+`--model gpt2_lm`: Table 1's model instead, the official `finetune_gpt2` `GPT2LMHeadModel` with the LTM (their
+`infinite_memory_transformer/config.json`: GPT-2 small, N = 512 in every layer, their 2,048-token threshold) and
+ours (`GPT2WithMemory` behind the memory hook, from `--config`, default `gpt2_wt103_inftyformer.yaml`), both at
+random weights (GPT-2 small's shapes; their `_init_weights`), blocks of 512 tokens, batch 1 (the paper's); one
+step = one block forward and backward (loss + λ_KL × KL), the memory carried from block to block as their
+`run_clm.py` and our module carry it.
+
+Run-time shims only (`sorting_modules`, `official_sorting_model`, `load_official_gpt2`, `gpt2_shims`;
+tests/parity/make_infinity_former.py uses the same): `entmax` and two modules `mem_transformer.py` imports but the release lacks are stand-ins;
 `torch.version.cuda` is set while importing (read by their adaptive softmax); `LongTermAttention.share_mask =
 False` and the model's `augment = True` (read, never set: the official defects the README lists); on a CPU their
-constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute set to it.
+constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute set to it. GPT-2: their
+`modeling_gpt2.py` (transformers 4.5) with its relative imports answered by the installed `transformers`,
+`init_weights` tying the output layer only (their `_init_weights` applied after) and `get_head_mask` giving no mask
+(both gone from the installed library).
 `--device cuda` puts both models on a GPU (the clock read with its queue drained; peak memory per code).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 import sys
@@ -172,6 +183,127 @@ def init_as_train_py(model: torch.nn.Module, std: float = 0.02, proj_std: float 
                     nn.zeros_(m.r_bias)
 
 
+GPT2_DIRS = {  # the two copies of their modified transformers 4.5 GPT-2 (Table 1, Table 2)
+    "finetune_gpt2": "finetune_gpt2/src/transformers/models/gpt2",
+    "document_grounded_generation": "document_grounded_generation/transformers/src/transformers/models/gpt2",
+}
+DEFAULT_GPT2_CONFIG = ROOT / "configs" / "infinity_former" / "paper" / "gpt2_wt103_inftyformer.yaml"
+
+
+def load_official_gpt2(checkout: Path, copy: str):
+    """Their `modeling_gpt2.py` (`copy`: a key of GPT2_DIRS) with its `...` imports answered by the installed
+    `transformers`; returns (the module, the package root it was imported under)."""
+    import transformers.activations  # noqa: PLC0415
+    import transformers.configuration_utils  # noqa: PLC0415
+    import transformers.modeling_outputs  # noqa: PLC0415
+    import transformers.modeling_utils  # noqa: PLC0415
+    import transformers.pytorch_utils  # noqa: PLC0415
+    import transformers.utils  # noqa: PLC0415
+
+    folder = Path(checkout) / GPT2_DIRS[copy]
+    if not (folder / "modeling_gpt2.py").is_file():
+        raise SystemExit(f"repro bench-infinity-former-authors: {checkout} has no {GPT2_DIRS[copy]}/modeling_gpt2.py; "
+                         "pass a checkout of deep-spin/infinite-former with --checkout")
+
+    def decorator(*args, **kwargs):
+        return lambda f: f
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        m.__path__ = []
+        sys.modules[name] = m
+        return m
+
+    stub_entmax()
+    transformers.utils.logging.set_verbosity_error()  # their 4.5 code against today's library: deprecation chatter
+    root = f"_official_hf_{copy}"
+    module(root)
+    module(f"{root}.activations", ACT2FN=transformers.activations.ACT2FN)
+    module(f"{root}.file_utils", ModelOutput=transformers.utils.ModelOutput, add_code_sample_docstrings=decorator,
+           add_start_docstrings=decorator, add_start_docstrings_to_model_forward=decorator,
+           replace_return_docstrings=decorator)
+    module(f"{root}.modeling_outputs", **{k: getattr(transformers.modeling_outputs, k) for k in (
+        "BaseModelOutputWithPastAndCrossAttentions", "CausalLMOutputWithCrossAttentions",
+        "SequenceClassifierOutputWithPast")})
+    module(f"{root}.modeling_utils", Conv1D=transformers.pytorch_utils.Conv1D,
+           PreTrainedModel=transformers.modeling_utils.PreTrainedModel, SequenceSummary=torch.nn.Module,
+           find_pruneable_heads_and_indices=None, prune_conv1d_layer=None)
+    module(f"{root}.configuration_utils", PretrainedConfig=transformers.configuration_utils.PretrainedConfig)
+    module(f"{root}.utils", logging=transformers.utils.logging)
+    module(f"{root}.utils.model_parallel_utils", assert_device_map=None, get_device_map=None)
+    module(f"{root}.models")
+    module(f"{root}.models.gpt2").__path__ = [str(folder)]
+    return importlib.import_module(f"{root}.models.gpt2.modeling_gpt2"), root
+
+
+@contextmanager
+def gpt2_shims():
+    """While their GPT-2 is built: `init_weights` (transformers 4.5's name) ties the output layer to the input
+    embedding and draws nothing; `get_head_mask` gives no mask (both gone from the installed transformers)."""
+    import transformers.modeling_utils  # noqa: PLC0415
+
+    pretrained = transformers.modeling_utils.PreTrainedModel
+    saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
+
+    def init_weights(self):
+        out_emb, in_emb = self.get_output_embeddings(), self.get_input_embeddings()
+        if out_emb is not None and in_emb is not None:
+            out_emb.weight = in_emb.weight
+
+    pretrained.init_weights = init_weights
+    pretrained.get_head_mask = lambda self, head_mask, n: [None] * n if head_mask is None else head_mask
+    try:
+        yield
+    finally:
+        pretrained.init_weights = saved[0]
+        if saved[1] is None:
+            del pretrained.get_head_mask
+        else:
+            pretrained.get_head_mask = saved[1]
+
+
+def official_gpt2_lm(checkout: Path, device: str = "cpu"):
+    """Their Table 1 model as `run_clm.py --config_name infinite_memory_transformer` builds it, weights drawn by their
+    `_init_weights`, on `device`."""
+    modeling, root = load_official_gpt2(checkout, "finetune_gpt2")
+    config_class = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2").GPT2Config
+    settings = json.loads((Path(checkout) / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
+    for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
+        settings.pop(key, None)
+    building = cuda_on_cpu() if torch.device(device).type == "cpu" else nullcontext()
+    with gpt2_shims(), building:
+        model = modeling.GPT2LMHeadModel(config_class(add_cross_attention=False, **settings))
+        model.apply(model._init_weights)
+    # the forward passes ask for a head mask too: the same shim on the instance, outliving the block above
+    model.transformer.get_head_mask = lambda head_mask, n: [None] * n if head_mask is None else head_mask
+    for module in model.modules():
+        if isinstance(module, modeling.LongTermAttention):
+            module.device = str(device)
+    return model.to(device), settings
+
+
+def our_gpt2_lm(path: Path, device: str):
+    """Ours from a GPT-2 config (`configs/infinity_former/*/gpt2_*.yaml`) at GPT-2 small's shapes, random weights."""
+    import yaml  # noqa: PLC0415
+
+    from papers.infinity_former.gpt2 import PRETRAINED_SHAPES, GPT2Settings, GPT2WithMemory  # noqa: PLC0415
+    from papers.infinity_former.hooks import MemoryHook  # noqa: PLC0415
+
+    init = yaml.safe_load(Path(path).read_text())["model"]["init_args"]
+    if (init.get("memory_hook") or {}).get("kind") != "ltm":
+        raise SystemExit(f"repro bench-infinity-former-authors: {path} is not an ∞-former GPT-2 config "
+                         "(model.init_args.memory_hook.kind: ltm)")
+    m = init.get("model") or {}
+    settings = GPT2Settings(pretrained=None, dropout=m.get("dropout", 0.1), **PRETRAINED_SHAPES["gpt2"])
+    return GPT2WithMemory(settings, MemoryHook(**init["memory_hook"]), n_token=50257).to(device), init
+
+
+def gpt2_blocks(n: int, block: int, device: str) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 50257, (1, block), generator=g).to(device) for _ in range(n)]
+
+
 def read_config(path: Path) -> dict:
     """The sorting settings of a config (`configs/infinity_former/*/sort_*_infty*.yaml`)."""
     import yaml  # noqa: PLC0415
@@ -295,11 +427,82 @@ def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32",
     ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
              for other in ("theirs", "theirs_no_anomaly")}
     path = Path(config).resolve()
-    return {"config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
+    return {"model": "sorting", "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
             "precision": precision, "batch": b, "length": c["length"], "segment": c["tgt_len"],
             "segments": len(segments), "n_basis": c["ltm"]["n_basis"], "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds,
             "ours_over": ratio, "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
+            "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
+                           "ours": sum(p.numel() for p in ours.parameters())},
+            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+
+
+def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: str = "32", rounds: int = 3,
+             steps: int = 4, warmup: int = 2, threads: int = 2, device: str = "cpu", block: int = 512) -> dict:
+    """Tokens/s per round of the three codes (as `run`) on Table 1's model: `steps` blocks per code and round, the
+    memory of each code carried through all of them (their threshold empties it every 2,048 tokens, ours too)."""
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    anomaly = torch.is_anomaly_enabled()
+    torch.manual_seed(0)
+    theirs, settings = official_gpt2_lm(checkout, device)
+    their_anomaly = torch.is_anomaly_enabled()  # their continuous_sparsemax.py turns it on at import
+    torch.autograd.set_detect_anomaly(anomaly)
+    torch.manual_seed(0)
+    ours, init = our_gpt2_lm(config, device)
+    theirs.train()
+    ours.train()
+    kl_weight = init["memory_hook"]["args"]["ltm"]["kl_weight"]
+    blocks = gpt2_blocks(8, block, device)
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    state = {"mems": None, "next": {"theirs": 0, "ours": 0}}
+
+    def step_theirs(x):
+        out, kl = theirs(input_ids=x, labels=x, return_dict=True)
+        (out.loss + kl_weight * kl.float().mean() if kl is not None else out.loss).backward()
+
+    def step_ours(x):
+        hidden, state["mems"] = ours(x, state["mems"])
+        loss = ours.nll(hidden[:, :-1], x[:, 1:]).mean()
+        aux = ours.extra_loss()
+        (loss + aux if aux is not None else loss).backward()
+
+    codes = {"theirs": (theirs, step_theirs, their_anomaly), "theirs_no_anomaly": (theirs, step_theirs, False),
+             "ours": (ours, step_ours, False)}
+
+    def timed(name: str, n: int) -> float:
+        model, step, flag = codes[name]
+        key = "ours" if name == "ours" else "theirs"  # both runs of their model continue one stream and memory
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.autograd.set_detect_anomaly(flag):
+            for _ in range(n):
+                model.zero_grad(set_to_none=True)
+                with cast:
+                    step(blocks[state["next"][key] % len(blocks)])
+                state["next"][key] += 1
+        _sync(dev)
+        return time.perf_counter() - t0
+
+    peak = {}
+    for name in codes:
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        timed(name, warmup)
+        if dev.type == "cuda":
+            peak[name] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
+    speeds: dict[str, list[float]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name in codes:
+            speeds[name].append(round(steps * block / timed(name, steps), 1))
+    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
+             for other in ("theirs", "theirs_no_anomaly")}
+    path = Path(config).resolve()
+    return {"model": "gpt2_lm", "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
+            "precision": precision, "batch": 1, "segment": block, "n_basis": settings["long_term_attention_basis"],
+            "threads": threads, "rounds": rounds, "steps": steps, "warmup": warmup,
+            "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds, "ours_over": ratio,
+            "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
             "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
                            "ours": sum(p.numel() for p in ours.parameters())},
             "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
@@ -312,16 +515,26 @@ def main(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="repro bench-infinity-former-authors", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", type=Path, required=True, help="a checkout of deep-spin/infinite-former")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="an ∞-former sorting config (default: %(default)s)")
+    p.add_argument("--model", choices=["sorting", "gpt2_lm"], default="sorting",
+                   help="Figure 3's sorting model or Table 1's GPT-2 with the LTM (default: %(default)s)")
+    p.add_argument("--config", type=Path, help="an ∞-former sorting config, or GPT-2 config with --model gpt2_lm "
+                   "(default: the paper's sort_8000_infty.yaml / gpt2_wt103_inftyformer.yaml)")
     p.add_argument("--precision", choices=["32", "bf16"], default="32")
     p.add_argument("--batch", type=int, help="examples per sequence step (default: the config's)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=1, help="sequences per code and round")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, help="sequences (sorting; default 1) or blocks (gpt2_lm; default 4) per "
+                   "code and round")
+    p.add_argument("--warmup", type=int, help="untimed steps per code first (default 1 / 2)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both models on it")
     p.add_argument("--output", type=Path, help="append the row (JSON line) to this file")
     a = p.parse_args(argv)
+    gpt2 = a.model == "gpt2_lm"
+    a.config = a.config or (DEFAULT_GPT2_CONFIG if gpt2 else DEFAULT_CONFIG)
+    a.steps = a.steps or (4 if gpt2 else 1)
+    a.warmup = a.warmup if a.warmup is not None else (2 if gpt2 else 1)
+    if gpt2 and a.batch is not None:
+        raise SystemExit(f"{p.prog}: --batch is for the sorting model (Table 1's batch is 1 block)")
     if not a.config.is_file():
         raise SystemExit(f"{p.prog}: --config {a.config}: no such file")
     for name in ("batch", "rounds", "steps", "threads"):
@@ -329,12 +542,17 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"{p.prog}: --{name} must be at least 1, got {getattr(a, name)}")
     check_device(p.prog, a.device)
     keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
-    row = run(a.checkout, config=a.config, precision=a.precision, batch=a.batch, rounds=a.rounds, steps=a.steps,
-              warmup=a.warmup, threads=a.threads, device=a.device)
+    if gpt2:
+        row = run_gpt2(a.checkout, config=a.config, precision=a.precision, rounds=a.rounds, steps=a.steps,
+                       warmup=a.warmup, threads=a.threads, device=a.device)
+        shape = f"blocks of {row['segment']}"
+    else:
+        row = run(a.checkout, config=a.config, precision=a.precision, batch=a.batch, rounds=a.rounds, steps=a.steps,
+                  warmup=a.warmup, threads=a.threads, device=a.device)
+        shape = f"batch {row['batch']} × {row['segments']} segments of {row['segment']}"
     med = {k: statistics.median(v) for k, v in row["tokens_per_s"].items()}
     r = row["ours_over"]
-    print(f"{Path(row['config']).stem} {row['precision']} batch {row['batch']} × {row['segments']} segments of "
-          f"{row['segment']} on {row['device']}, tokens/s: theirs {med['theirs']:,.0f} (without their anomaly "
+    print(f"{Path(row['config']).stem} {row['precision']} {shape} on {row['device']}, tokens/s: theirs {med['theirs']:,.0f} (without their anomaly "
           f"detection {med['theirs_no_anomaly']:,.0f}), ours {med['ours']:,.0f}; ours / theirs "
           f"{min(r['theirs']):.2f}–{max(r['theirs']):.2f}× ({min(r['theirs_no_anomaly']):.2f}–"
           f"{max(r['theirs_no_anomaly']):.2f}× without it) over {row['rounds']} rounds", flush=True)

@@ -33,7 +33,7 @@ def bench_authors(argv: list[str]) -> None:
 HELP = "time and memory per segment as the context grows (∞-former vs TXL)"
 GAIN_HELP = "the LTM update's gain per update for each config (> 1: the memory grows without bound)"
 
-AUTHORS_HELP = "the whole ∞-former sorting model against the authors' code, training tokens/s side by side"
+AUTHORS_HELP = "the whole ∞-former (sorting, or GPT-2 with the LTM) against the authors' code, training tokens/s"
 
 COMMANDS = {"bench-context": (bench_context, HELP), "ltm-gain": (ltm_gain, GAIN_HELP),
             "bench-infinity-former-authors": (bench_authors, AUTHORS_HELP)}

@@ -75,6 +75,8 @@ from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_f
 from papers.infinity_former.bench_authors import cuda_on_cpu as _cuda_on_cpu  # noqa: E402
 from papers.infinity_former.bench_authors import sorting_modules as _sorting_modules  # noqa: E402
 from papers.infinity_former.bench_authors import stub_entmax as _stub_entmax  # noqa: E402
+from papers.infinity_former.bench_authors import GPT2_DIRS, gpt2_shims  # noqa: E402
+from papers.infinity_former.bench_authors import load_official_gpt2 as _load_official_gpt2  # noqa: E402
 
 OUT = HERE / "infinity_former"
 H, E, N, L, T, STEPS = 2, 4, 16, 16, 5, 4
@@ -91,10 +93,6 @@ CASES = {
     # document-grounded dialogue (Table 2): batch 1 (hard-coded there), KL without a μ term
     "dialogue": dict(copy="document_grounded_generation", batch=1, sticky=False),
     "dialogue_sticky": dict(copy="document_grounded_generation", batch=1, sticky=True),
-}
-GPT2_DIRS = {
-    "finetune_gpt2": "finetune_gpt2/src/transformers/models/gpt2",
-    "document_grounded_generation": "document_grounded_generation/transformers/src/transformers/models/gpt2",
 }
 
 
@@ -338,8 +336,6 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str, sticky: bool = False
     no gradients (the draws are not differentiable; the linear fixture checks the backward pass)."""
     import json
 
-    import transformers.modeling_utils
-
     m = GPT2_MODEL
     _stub_entmax()
     modeling, root = _load_official_gpt2(checkout, copy)
@@ -359,54 +355,40 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str, sticky: bool = False
     settings.update(n_layer=m["n_layer"], n_embd=m["n_embd"], n_head=m["n_head"], vocab_size=m["vocab_size"],
                     n_positions=m["block"], n_ctx=m["block"], long_term_attention_basis=m["n_basis"],
                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
-    pretrained = transformers.modeling_utils.PreTrainedModel
-    saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
-
-    def init_weights(self):  # transformers 4.5: (draw the weights, redrawn below) tie the output layer
-        out_emb, in_emb = self.get_output_embeddings(), self.get_input_embeddings()
-        if out_emb is not None and in_emb is not None:
-            out_emb.weight = in_emb.weight
-
-    pretrained.init_weights = init_weights
-    pretrained.get_head_mask = lambda self, head_mask, n: [None] * n if head_mask is None else head_mask
     try:
-        torch.manual_seed(0)
-        with _cuda_on_cpu():
-            model = modeling.GPT2LMHeadModel(config_class(add_cross_attention=False, **settings))
-        for module in model.modules():
-            if isinstance(module, modeling.LongTermAttention):
-                module.device = "cpu"
-        model.eval()
-        enlarge_(model, std=0.2, seed=1)
-        with torch.no_grad():  # the LTM's output ×out_scale: at std 0.2 it moved the NLL by only ~1e-3
+        with gpt2_shims():
+            torch.manual_seed(0)
+            with _cuda_on_cpu():
+                model = modeling.GPT2LMHeadModel(config_class(add_cross_attention=False, **settings))
             for module in model.modules():
                 if isinstance(module, modeling.LongTermAttention):
-                    module.attn_out.weight.mul_(m["out_scale"])
-        g = torch.Generator().manual_seed(2)
-        tokens = torch.randint(0, m["vocab_size"], (m["blocks"], 1, m["block"]), generator=g)
-        ltms = [x for x in model.modules() if isinstance(x, modeling.LongTermAttention)]
-        assert all(x.sticky_memories == sticky for x in ltms)
-        bins, probs = [[] for _ in ltms], [[] for _ in ltms]
-        if sticky:
-            _record_sticky_draws(ltms, bins, probs)
-            torch.manual_seed(3)  # their sticky sampling draws from torch's global generator
-        nlls, kls, total = [], [], 0.0
-        for s in range(m["blocks"]):
-            flags = {} if lm else dict(new_doc=s == 1, last_doc=s == m["blocks"] - 1)
-            out, kl = model(input_ids=tokens[s], labels=tokens[s], return_dict=True, **flags)
-            logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
-            nlls.append(-logp.gather(-1, tokens[s][:, 1:, None])[..., 0].detach())
-            kls.append(kl.detach() if kl is not None else torch.zeros(1, m["n_head"] * m["block"]))
-            total = total + out.loss + (m["kl_weight"] * kl.mean() if kl is not None else 0.0)
-        if not sticky:
-            total.backward()
+                    module.device = "cpu"
+            model.eval()
+            enlarge_(model, std=0.2, seed=1)
+            with torch.no_grad():  # the LTM's output ×out_scale: at std 0.2 it moved the NLL by only ~1e-3
+                for module in model.modules():
+                    if isinstance(module, modeling.LongTermAttention):
+                        module.attn_out.weight.mul_(m["out_scale"])
+            g = torch.Generator().manual_seed(2)
+            tokens = torch.randint(0, m["vocab_size"], (m["blocks"], 1, m["block"]), generator=g)
+            ltms = [x for x in model.modules() if isinstance(x, modeling.LongTermAttention)]
+            assert all(x.sticky_memories == sticky for x in ltms)
+            bins, probs = [[] for _ in ltms], [[] for _ in ltms]
+            if sticky:
+                _record_sticky_draws(ltms, bins, probs)
+                torch.manual_seed(3)  # their sticky sampling draws from torch's global generator
+            nlls, kls, total = [], [], 0.0
+            for s in range(m["blocks"]):
+                flags = {} if lm else dict(new_doc=s == 1, last_doc=s == m["blocks"] - 1)
+                out, kl = model(input_ids=tokens[s], labels=tokens[s], return_dict=True, **flags)
+                logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+                nlls.append(-logp.gather(-1, tokens[s][:, 1:, None])[..., 0].detach())
+                kls.append(kl.detach() if kl is not None else torch.zeros(1, m["n_head"] * m["block"]))
+                total = total + out.loss + (m["kl_weight"] * kl.mean() if kl is not None else 0.0)
+            if not sticky:
+                total.backward()
     finally:
         torch.distributions.Categorical = _CATEGORICAL
-        pretrained.init_weights = saved[0]
-        if saved[1] is None:
-            del pretrained.get_head_mask
-        else:
-            pretrained.get_head_mask = saved[1]
     tensors = {f"weight.{k}": v for k, v in model.state_dict().items()
                if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}  # tied; buffers
     tensors.update({f"grad.{n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
@@ -485,65 +467,15 @@ def _sorting_counts(checkout: Path) -> dict:
     return out
 
 
-def _load_official_gpt2(checkout: Path, copy: str):
-    """Their `modeling_gpt2.py` with its `...` imports answered by the installed `transformers`."""
-    import transformers.activations
-    import transformers.configuration_utils
-    import transformers.modeling_outputs
-    import transformers.modeling_utils
-    import transformers.pytorch_utils
-    import transformers.utils
-
-    def decorator(*args, **kwargs):
-        return lambda f: f
-
-    def module(name, **attrs):
-        m = types.ModuleType(name)
-        m.__dict__.update(attrs)
-        m.__path__ = []
-        sys.modules[name] = m
-        return m
-
-    root = f"_official_hf_{copy}"
-    module(root)
-    module(f"{root}.activations", ACT2FN=transformers.activations.ACT2FN)
-    module(f"{root}.file_utils", ModelOutput=transformers.utils.ModelOutput, add_code_sample_docstrings=decorator,
-           add_start_docstrings=decorator, add_start_docstrings_to_model_forward=decorator,
-           replace_return_docstrings=decorator)
-    module(f"{root}.modeling_outputs", **{k: getattr(transformers.modeling_outputs, k) for k in (
-        "BaseModelOutputWithPastAndCrossAttentions", "CausalLMOutputWithCrossAttentions",
-        "SequenceClassifierOutputWithPast")})
-    module(f"{root}.modeling_utils", Conv1D=transformers.pytorch_utils.Conv1D,
-           PreTrainedModel=transformers.modeling_utils.PreTrainedModel, SequenceSummary=torch.nn.Module,
-           find_pruneable_heads_and_indices=None, prune_conv1d_layer=None)
-    module(f"{root}.configuration_utils", PretrainedConfig=transformers.configuration_utils.PretrainedConfig)
-    module(f"{root}.utils", logging=transformers.utils.logging)
-    module(f"{root}.utils.model_parallel_utils", assert_device_map=None, get_device_map=None)
-    module(f"{root}.models")
-    module(f"{root}.models.gpt2").__path__ = [str(checkout / GPT2_DIRS[copy])]
-    return importlib.import_module(f"{root}.models.gpt2.modeling_gpt2"), root
-
-
 def _gpt2_counts(checkout: Path) -> dict:
     import json
 
-    import transformers.modeling_utils
-
     _stub_entmax()
-    pretrained = transformers.modeling_utils.PreTrainedModel
-
-    def init_weights(self):  # transformers 4.5: draw the weights (not needed for a count), tie the output layer
-        out_emb, in_emb = self.get_output_embeddings(), self.get_input_embeddings()
-        if out_emb is not None and in_emb is not None:
-            out_emb.weight = in_emb.weight
-
-    original_init_weights = pretrained.init_weights
-    pretrained.init_weights = init_weights
     lm_json = {name: json.loads((checkout / "finetune_gpt2" / name / "config.json").read_text())
                for name in ("infinite_memory_transformer", "infinite_memory_transformer_sticky_mem")}
     small = {k: lm_json["infinite_memory_transformer"][k] for k in GPT2_SIZES}  # the hub's gpt2 sizes
     out = {}
-    try:
+    with gpt2_shims():  # init_weights draws nothing (not needed for a count) and ties the output layer
         for copy in ("finetune_gpt2", "document_grounded_generation"):
             modeling, root = _load_official_gpt2(checkout, copy)
             _ltm_on_cpu(modeling.LongTermAttention)
@@ -574,8 +506,6 @@ def _gpt2_counts(checkout: Path) -> dict:
                 with _cuda_on_cpu(), torch.device("meta"):
                     model = modeling.GPT2LMHeadModel(cfg)
                 out[key] = _counts(model, copy, checkout)
-    finally:
-        pretrained.init_weights = original_init_weights
     return out
 
 
