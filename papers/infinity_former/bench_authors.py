@@ -35,6 +35,7 @@ constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attrib
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import statistics
 import sys
@@ -374,6 +375,52 @@ def step_ours(model, segments, mem_len: int) -> list:
     return mems
 
 
+def interleave(codes: dict, device: torch.device, *, precision: str, rounds: int, steps: int, warmup: int,
+               tokens_per_step: int) -> tuple[dict, dict, dict]:
+    """`codes`: name → (model, step() running one step, whether anomaly detection is on during it). Each code's
+    `warmup` steps (its peak memory on a GPU), then `rounds` rounds in which every code runs `steps` steps in turn.
+    Returns (tokens/s per code and round, ours / each other code per round, peak MiB per code on a GPU)."""
+    cast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+    def timed(name: str, n: int) -> float:
+        model, step, anomaly = codes[name]
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.autograd.set_detect_anomaly(anomaly):
+            for _ in range(n):
+                model.zero_grad(set_to_none=True)
+                with cast:
+                    step()
+        _sync(device)
+        return time.perf_counter() - t0
+
+    peak = {}
+    for name in codes:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timed(name, warmup)
+        if device.type == "cuda":
+            peak[name] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    speeds: dict[str, list[float]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name in codes:
+            speeds[name].append(round(steps * tokens_per_step / timed(name, steps), 1))
+    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
+             for other in codes if other != "ours"}
+    return speeds, ratio, peak
+
+
+def _row(model: str, config: Path, theirs, ours, their_anomaly: bool, timing: tuple, device: str, **settings) -> dict:
+    speeds, ratio, peak = timing
+    path = Path(config).resolve()
+    return {"model": model, "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
+            **settings, "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds, "ours_over": ratio,
+            "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
+            "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
+                           "ours": sum(p.numel() for p in ours.parameters())},
+            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+
+
 def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32", batch: int | None = None,
         rounds: int = 3, steps: int = 1, warmup: int = 1, threads: int = 2, device: str = "cpu") -> dict:
     """Tokens/s per round of three codes taking turns: theirs as released (with the anomaly detection their
@@ -382,7 +429,6 @@ def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32",
     torch.set_num_threads(threads)
     c = read_config(config)
     b = batch or c["batch"]
-    dev = torch.device(device)
     m = c["model"]
     with sorting_modules(checkout) as (lta, mt):
         their_anomaly = torch.is_anomaly_enabled()
@@ -394,47 +440,15 @@ def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32",
     torch.manual_seed(0)
     ours = our_sorting_model(c, device).train()
     segments = sequence(c, b, device)
-    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
     kl_weight = c["ltm"]["kl_weight"]
     codes = {"theirs": (theirs, lambda: step_theirs(theirs, segments, kl_weight), their_anomaly),
              "theirs_no_anomaly": (theirs, lambda: step_theirs(theirs, segments, kl_weight), False),
              "ours": (ours, lambda: step_ours(ours, segments, c["mem_len"]), False)}
-
-    def timed(name: str, n: int) -> float:
-        model, step, anomaly = codes[name]
-        _sync(dev)
-        t0 = time.perf_counter()
-        with torch.autograd.set_detect_anomaly(anomaly):
-            for _ in range(n):
-                model.zero_grad(set_to_none=True)
-                with cast:
-                    step()
-        _sync(dev)
-        return time.perf_counter() - t0
-
-    peak = {}
-    for name in codes:
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        timed(name, warmup)
-        if dev.type == "cuda":
-            peak[name] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
-    tokens = b * sum(x.shape[1] for x, _ in segments)
-    speeds: dict[str, list[float]] = {name: [] for name in codes}
-    for _ in range(rounds):
-        for name in codes:
-            speeds[name].append(round(steps * tokens / timed(name, steps), 1))
-    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
-             for other in ("theirs", "theirs_no_anomaly")}
-    path = Path(config).resolve()
-    return {"model": "sorting", "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
-            "precision": precision, "batch": b, "length": c["length"], "segment": c["tgt_len"],
-            "segments": len(segments), "n_basis": c["ltm"]["n_basis"], "threads": threads, "rounds": rounds,
-            "steps": steps, "warmup": warmup, "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds,
-            "ours_over": ratio, "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
-            "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
-                           "ours": sum(p.numel() for p in ours.parameters())},
-            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+    timing = interleave(codes, torch.device(device), precision=precision, rounds=rounds, steps=steps,
+                        warmup=warmup, tokens_per_step=b * sum(x.shape[1] for x, _ in segments))
+    return _row("sorting", config, theirs, ours, their_anomaly, timing, device, precision=precision, batch=b,
+                length=c["length"], segment=c["tgt_len"], segments=len(segments), n_basis=c["ltm"]["n_basis"],
+                threads=threads, rounds=rounds, steps=steps, warmup=warmup)
 
 
 def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: str = "32", rounds: int = 3,
@@ -442,7 +456,6 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
     """Tokens/s per round of the three codes (as `run`) on Table 1's model: `steps` blocks per code and round, the
     memory of each code carried through all of them (their threshold empties it every 2,048 tokens, ours too)."""
     torch.set_num_threads(threads)
-    dev = torch.device(device)
     anomaly = torch.is_anomaly_enabled()
     torch.manual_seed(0)
     theirs, settings = official_gpt2_lm(checkout, device)
@@ -454,58 +467,29 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
     ours.train()
     kl_weight = init["memory_hook"]["args"]["ltm"]["kl_weight"]
     blocks = gpt2_blocks(8, block, device)
-    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-    state = {"mems": None, "next": {"theirs": 0, "ours": 0}}
+    # each model reads the blocks in order, its memory carried (both runs of theirs continue one stream)
+    stream = {"theirs": itertools.cycle(blocks), "ours": itertools.cycle(blocks)}
+    mems = [None]
 
-    def step_theirs(x):
+    def step_theirs():
+        x = next(stream["theirs"])
         out, kl = theirs(input_ids=x, labels=x, return_dict=True)
         (out.loss + kl_weight * kl.float().mean() if kl is not None else out.loss).backward()
 
-    def step_ours(x):
-        hidden, state["mems"] = ours(x, state["mems"])
+    def step_ours():
+        x = next(stream["ours"])
+        hidden, mems[0] = ours(x, mems[0])
         loss = ours.nll(hidden[:, :-1], x[:, 1:]).mean()
         aux = ours.extra_loss()
         (loss + aux if aux is not None else loss).backward()
 
     codes = {"theirs": (theirs, step_theirs, their_anomaly), "theirs_no_anomaly": (theirs, step_theirs, False),
              "ours": (ours, step_ours, False)}
-
-    def timed(name: str, n: int) -> float:
-        model, step, flag = codes[name]
-        key = "ours" if name == "ours" else "theirs"  # both runs of their model continue one stream and memory
-        _sync(dev)
-        t0 = time.perf_counter()
-        with torch.autograd.set_detect_anomaly(flag):
-            for _ in range(n):
-                model.zero_grad(set_to_none=True)
-                with cast:
-                    step(blocks[state["next"][key] % len(blocks)])
-                state["next"][key] += 1
-        _sync(dev)
-        return time.perf_counter() - t0
-
-    peak = {}
-    for name in codes:
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        timed(name, warmup)
-        if dev.type == "cuda":
-            peak[name] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
-    speeds: dict[str, list[float]] = {name: [] for name in codes}
-    for _ in range(rounds):
-        for name in codes:
-            speeds[name].append(round(steps * block / timed(name, steps), 1))
-    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
-             for other in ("theirs", "theirs_no_anomaly")}
-    path = Path(config).resolve()
-    return {"model": "gpt2_lm", "config": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(config),
-            "precision": precision, "batch": 1, "segment": block, "n_basis": settings["long_term_attention_basis"],
-            "threads": threads, "rounds": rounds, "steps": steps, "warmup": warmup,
-            "their_anomaly_detection": their_anomaly, "tokens_per_s": speeds, "ours_over": ratio,
-            "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
-            "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
-                           "ours": sum(p.numel() for p in ours.parameters())},
-            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+    timing = interleave(codes, torch.device(device), precision=precision, rounds=rounds, steps=steps,
+                        warmup=warmup, tokens_per_step=block)
+    return _row("gpt2_lm", config, theirs, ours, their_anomaly, timing, device, precision=precision, batch=1,
+                segment=block, n_basis=settings["long_term_attention_basis"], threads=threads, rounds=rounds,
+                steps=steps, warmup=warmup)
 
 
 def main(argv: list[str]) -> None:
