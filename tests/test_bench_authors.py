@@ -113,7 +113,8 @@ def test_infinity_former_bench_sequence_is_the_sorting_layout_and_its_step_the_m
     c = bench_authors.read_config("configs/infinity_former/tiny/sort_256_infty.yaml")
     segments = bench_authors.sequence(c, 2, "cpu")
     t, length = c["tgt_len"], c["length"]
-    assert [x.shape for x, _ in segments] == [(2, min(t, length + N_SYMBOLS - i)) for i in range(0, length + N_SYMBOLS, t)]
+    total = length + N_SYMBOLS
+    assert [x.shape for x, _ in segments] == [(2, min(t, total - i)) for i in range(0, total, t)]
     targets = torch.cat([y for _, y in segments], 1)
     assert (targets[:, :length] == PAD).all() and (targets[:, length:] != PAD).all()
     inputs = torch.cat([x for x, _ in segments], 1)

@@ -1,4 +1,4 @@
-"""The ∞-former's cost against the authors' code, the whole sorting model side by side: `repro bench-infinity-former-authors`.
+"""The ∞-former's cost against the authors' code, whole models side by side: `repro bench-infinity-former-authors`.
 
 Follows `papers.mgk.bench_authors` (both codes in one process, taking turns within each round, tokens/s per round)
 with the whole model of Figure 3: the official `MemTransformerLM` with the long-term memory (deep-spin/infinite-
@@ -21,11 +21,15 @@ random weights (GPT-2 small's shapes; their `_init_weights`), blocks of 512 toke
 step = one block forward and backward (loss + λ_KL × KL), the memory carried from block to block as their
 `run_clm.py` and our module carry it.
 
+Three codes take turns: theirs as released, which runs with autograd's anomaly detection (their
+`continuous_softmax.py` and `continuous_sparsemax.py` turn it on at import), theirs without it, and ours.
+
 Run-time shims only (`sorting_modules`, `official_sorting_model`, `load_official_gpt2`, `gpt2_shims`;
-tests/parity/make_infinity_former.py uses the same): `entmax` and two modules `mem_transformer.py` imports but the release lacks are stand-ins;
-`torch.version.cuda` is set while importing (read by their adaptive softmax); `LongTermAttention.share_mask =
-False` and the model's `augment = True` (read, never set: the official defects the README lists); on a CPU their
-constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute set to it. GPT-2: their
+tests/parity/make_infinity_former.py uses the same): `entmax` and two modules that `mem_transformer.py` imports but
+the release lacks are stand-ins; `torch.version.cuda` is set while importing (read by their adaptive softmax);
+`LongTermAttention.share_mask = False` and the model's `augment = True` (read, never set: the official defects the
+README lists); on a CPU their constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute
+set to it. GPT-2: their
 `modeling_gpt2.py` (transformers 4.5) with its relative imports answered by the installed `transformers`,
 `init_weights` tying the output layer only (their `_init_weights` applied after) and `get_head_mask` giving no mask
 (both gone from the installed library).
@@ -269,7 +273,8 @@ def official_gpt2_lm(checkout: Path, device: str = "cpu"):
     `_init_weights`, on `device`."""
     modeling, root = load_official_gpt2(checkout, "finetune_gpt2")
     config_class = importlib.import_module(f"{root}.models.gpt2.configuration_gpt2").GPT2Config
-    settings = json.loads((Path(checkout) / "finetune_gpt2" / "infinite_memory_transformer" / "config.json").read_text())
+    config_json = Path(checkout) / "finetune_gpt2" / "infinite_memory_transformer" / "config.json"
+    settings = json.loads(config_json.read_text())
     for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
         settings.pop(key, None)
     building = cuda_on_cpu() if torch.device(device).type == "cpu" else nullcontext()
@@ -536,10 +541,11 @@ def main(argv: list[str]) -> None:
         shape = f"batch {row['batch']} × {row['segments']} segments of {row['segment']}"
     med = {k: statistics.median(v) for k, v in row["tokens_per_s"].items()}
     r = row["ours_over"]
-    print(f"{Path(row['config']).stem} {row['precision']} {shape} on {row['device']}, tokens/s: theirs {med['theirs']:,.0f} (without their anomaly "
-          f"detection {med['theirs_no_anomaly']:,.0f}), ours {med['ours']:,.0f}; ours / theirs "
-          f"{min(r['theirs']):.2f}–{max(r['theirs']):.2f}× ({min(r['theirs_no_anomaly']):.2f}–"
-          f"{max(r['theirs_no_anomaly']):.2f}× without it) over {row['rounds']} rounds", flush=True)
+    print(f"{Path(row['config']).stem} {row['precision']} {shape} on {row['device']}, tokens/s: theirs "
+          f"{med['theirs']:,.0f} (without their anomaly detection {med['theirs_no_anomaly']:,.0f}), "
+          f"ours {med['ours']:,.0f}; ours / theirs {min(r['theirs']):.2f}–{max(r['theirs']):.2f}× "
+          f"({min(r['theirs_no_anomaly']):.2f}–{max(r['theirs_no_anomaly']):.2f}× without it) "
+          f"over {row['rounds']} rounds", flush=True)
     if a.output:
         with a.output.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -325,8 +325,9 @@ def make_gpt2_model(checkout: Path, commit: str, copy: str, sticky: bool = False
     loss + kl_weight × their KL's mean). `copy`: `finetune_gpt2` (language modelling, Table 1: their
     `infinite_memory_transformer/config.json`) or `document_grounded_generation` (dialogue, Table 2: their
     `GPT2ConfigInftyFormer`; the blocks are one conversation's pieces, with their `train.py`'s flags: `new_doc` on the
-    second piece, the first to read the memory, `last_doc` on the last). Shims beyond `_load_official_gpt2`: `init_weights` ties the output layer
-    only, `get_head_mask` gives no mask (both gone from the installed transformers). Weights large (`enlarge_`),
+    second piece, the first to read the memory, `last_doc` on the last). Shims beyond `_load_official_gpt2`
+    (`gpt2_shims`): `init_weights` ties the output layer only, `get_head_mask` gives no mask (both gone from the
+    installed transformers). Weights large (`enlarge_`),
     the LTM's output projection ×out_scale on top, so that the memory moves the NLL far beyond the tolerance.
 
     `sticky`: the same model and blocks with their sticky memories (their `infinite_memory_transformer_sticky_mem`
