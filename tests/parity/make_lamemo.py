@@ -104,6 +104,44 @@ def run_case(mt, name: str, settings: dict, commit: str) -> None:
     print(f"{name}: loss mean {tensors['output.loss'].mean():.4f}, {(OUT / f'{name}.pt').stat().st_size} bytes")
 
 
+def run_grad_case(mt, commit: str) -> None:
+    """`grad_attn3.pt`: their attn_type 3 model (the paper's) trained as their `train_ddp.py` steps it at the paper
+    scripts' settings (`--batch_chunk 1`, no `--calc_mem_loss`): per segment, forward with the memory carried (in
+    training mode their model returns `[loss, mem_loss] + mems`, mem_loss zeros without a memory target), then
+    `((loss.mean() + mem_loss.mean()) / 2).backward()`, the gradients accumulating over the 4 segments (no optimizer
+    step), dropout 0: the per-segment mean losses and every parameter's accumulated gradient. What the forward
+    fixtures cannot show: which paths the backward pass takes (what is detached between segments, the look-ahead
+    refresh of the memory within one) and the scale of the gradient their clip sees (half the loss's)."""
+    settings = CASES["attn3"]
+    torch.manual_seed(0)
+    model = build(mt, **settings)
+    enlarge_(model, std=0.2, seed=1)
+    model.train()
+    t = settings["tgt_len"]
+    g = torch.Generator().manual_seed(2)
+    stream = torch.randint(0, N_TOKEN, (B, SEGMENTS * t + 1), generator=g)
+    tokens = stream[:, :-1].reshape(B, SEGMENTS, t).transpose(0, 1).contiguous()
+    target = stream[:, 1:].reshape(B, SEGMENTS, t).transpose(0, 1).contiguous()
+    tensors = {f"weight.{k}": v for k, v in model.state_dict().items() if not k.endswith(IGNORED_BUFFERS)}
+    tensors["input.tokens"], tensors["input.target"] = tokens, target
+    losses, mems = [], ()
+    for s in range(SEGMENTS):
+        out = model(tokens[s].t().contiguous(), target[s].t().contiguous(), *mems)
+        loss, mem_loss, mems = out[0].float().mean(), out[1].float().mean(), tuple(out[2:])
+        ((loss + mem_loss) / 2).backward()
+        losses.append(loss.detach())
+    tensors["output.loss_mean"] = torch.stack(losses)
+    # every name a parameter has (tied weights under both names), as the forward fixtures list their weights
+    tensors |= {f"grad.{n}": p.grad for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
+    meta = {"repo": "thu-coai/LaMemo", "commit": commit, "case": "grad_attn3", "n_token": N_TOKEN, "d_model": D,
+            "n_head": H, "d_head": E, "d_inner": D_INNER, "n_layer": N_LAYER, "segments": SEGMENTS,
+            "pre_lnorm": False, "clamp_len": -1, "same_length": False, "cutoffs": [], "div_val": 1,
+            "tie_projs": [False]} | settings
+    save_fixture(OUT / "grad_attn3.pt", tensors, meta)
+    print(f"grad_attn3: {sum(k.startswith('grad.') for k in tensors)} gradients, "
+          f"{(OUT / 'grad_attn3.pt').stat().st_size} bytes")
+
+
 def param_counts(mt, commit: str) -> None:
     counts = {}
     with torch.device("meta"):
@@ -124,6 +162,7 @@ def main(checkout: Path) -> None:
         mt = _import(checkout)
         for name, settings in CASES.items():
             run_case(mt, name, settings, commit)
+        run_grad_case(mt, commit)
         param_counts(mt, commit)
 
 
