@@ -205,3 +205,37 @@ def test_bench_compare_times_the_models_in_turns():
         assert first["relative"] == 1.0
         assert second["relative"] == round(second["tokens_per_s"] / first["tokens_per_s"], 3)
         assert second["mode"] == "eval" and second["parameters"] > first["parameters"]
+
+
+@pytest.mark.parametrize("official", [False, True])
+def test_official_optimiser_steps_after_every_segment(tmp_path, official):
+    """`step_every_segment` reproduces `sorting/train.py` under its torch 1.9: `optimizer.step()` after every
+    segment, the gradients zeroed (not None) at each group's start, so Adam skips the first group's memory-only
+    segment (no gradient yet) and steps on zero gradients after those of every later group. Sequences of 28 + 20
+    tokens in segments of 24 (the sorted output wholly in the second, as at the official lengths), 4 groups: Adam's
+    step count is 1 + 3 × 2 = 7 (official) or 4 (one step per group); Lightning counts 4 steps either way. After
+    the first group the official run moves the weights during the memory-only segments, the default does not."""
+    L.seed_everything(11)
+    dm = SortingDataModule(length=28, n_train=8, n_valid=2, n_test=2, batch_size=2, tgt_len=24, eval_batch_size=2,
+                           data_dir=str(tmp_path / "data"))
+    module = SortingLM(model=MODEL, backbone="infinity_former", ltm=LTM, memory={"mem_len": 8},
+                       optim={"lr": 3e-3, "warmup_steps": 1}, n_token=dm.vocab_size, step_every_segment=official)
+    moved = []
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.before = pl_module.model.layers[0].ff.net[0].weight.detach().clone()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if not batch.last and trainer.global_step >= 1:  # a memory-only segment of a later group
+                moved.append(not torch.equal(self.before, pl_module.model.layers[0].ff.net[0].weight))
+
+    trainer = L.Trainer(max_steps=4, logger=False, callbacks=[Watch()], enable_progress_bar=False,
+                        limit_val_batches=0, use_distributed_sampler=False, enable_model_summary=False,
+                        accelerator="cpu", default_root_dir=tmp_path, enable_checkpointing=False)
+    trainer.fit(module, datamodule=dm)
+    opt = trainer.optimizers[0]
+    steps = {int(state["step"]) for state in opt.state.values()}
+    assert trainer.global_step == 4
+    assert steps == ({7} if official else {4})
+    assert moved and all(moved) == official and any(moved) == official

@@ -9,7 +9,8 @@
   holding the sorted output give the loss on its tokens (with the official lengths all of it is in the last
   segment; if a segment boundary splits it, both parts contribute, gradients accumulated), the last segment adds
   λ_KL·KL, and one optimiser step follows the last segment — so `trainer.max_steps` counts groups of examples, as
-  the official `max_step`. Manual optimisation does this;
+  the official `max_step` (the official also steps after every other segment, on zero gradients: reproduced by
+  `step_every_segment: true`, the paper configs' setting). Manual optimisation does this;
   gradient clipping is the module's `clip` (0.25, the official value), not the Trainer's `gradient_clip_val`.
 
 Models (`backbone`): `transformer_xl` (the harness `TransformerXL`), `infinity_former` (`model.InfinityFormer`
@@ -127,15 +128,21 @@ class InfinityFormerLM(SegmentLM):
 
 class SortingLM(InfinityFormerLM):
     """The sorting task with the official loop (see the module docstring). Args as `InfinityFormerLM`, plus
-    `clip`: the gradient-norm clip of each update (official 0.25)."""
+    `clip`: the gradient-norm clip of each update (official 0.25), and `step_every_segment`: the official
+    `sorting/train.py` calls `optimizer.step()` after every segment, not only after the last one that carries the
+    gradient; under its pinned torch 1.9 `model.zero_grad()` leaves zero gradients (not None), so from the second
+    group on Adam takes a step on zero gradients after each memory-only segment (its moments decay, its momentum
+    moves the weights, its step count advances). True reproduces that (the paper configs: the paper's numbers come
+    from it); False (the default) steps once per group. The extra steps do not count as trainer steps."""
 
-    def __init__(self, *args, clip: float = 0.25, **kwargs):
+    def __init__(self, *args, clip: float = 0.25, step_every_segment: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         if clip <= 0:
             raise ValueError(f"clip must be positive, got {clip}")
         self.clip = clip
+        self.step_every_segment = bool(step_every_segment)
         self.automatic_optimization = False
-        self.save_hyperparameters(self._plain_hparams() | {"clip": clip})
+        self.save_hyperparameters(self._plain_hparams() | {"clip": clip, "step_every_segment": step_every_segment})
         self.acc_metrics = torch.nn.ModuleDict({s: SortedTokenAccuracy(ignore_index=PAD) for s in ("valid", "test")})
         self.reg_metrics = torch.nn.ModuleDict({s: MeanMetric() for s in ("valid", "test")})
         self._group = torch.zeros(3, dtype=torch.float64)
@@ -156,13 +163,14 @@ class SortingLM(InfinityFormerLM):
         opt, sched = self.optimizers(), self.lr_schedulers()
         if batch.first:
             self._mems["train"] = None
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not self.step_every_segment)  # official: zeros once gradients exist
             self._group = torch.zeros(3, dtype=torch.float64)  # Σ NLL, correct, scored tokens of this group
         self.tokens_seen += batch.input.numel() * self.trainer.world_size
         scored = bool((batch.target != PAD).any())
         if not scored and not batch.last:  # carries the memory only: nothing in this segment is scored
             with torch.no_grad():
                 _, self._mems["train"] = self(batch.input, self._mems["train"], self.memory)
+            self._official_segment_step(opt)
             return None
         hidden, self._mems["train"] = self(batch.input, self._mems["train"], self.memory)
         h, y = self._scored(hidden, batch.target)
@@ -176,6 +184,7 @@ class SortingLM(InfinityFormerLM):
             correct = (self.model.log_prob(h.detach()).argmax(-1) == y).sum() if y.numel() else 0
         self._group += torch.tensor([float(nll.detach().sum()), float(correct), float(y.numel())], dtype=torch.float64)
         if not batch.last:
+            self._official_segment_step(opt)
             return None
         self.clip_gradients(opt, gradient_clip_val=self.clip, gradient_clip_algorithm="norm")
         opt.step()
@@ -192,6 +201,13 @@ class SortingLM(InfinityFormerLM):
         for name, value in self.diagnostics().items():
             self.log(f"train/{name}", value)
         return None
+
+    def _official_segment_step(self, opt) -> None:
+        """`step_every_segment`: the official step after a segment that is not the group's last (clipped as theirs;
+        the raw optimiser, so that Lightning's step count stays one per group)."""
+        if self.step_every_segment:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.clip)
+            opt.optimizer.step()
 
     # ------------------------------------------------------------------------------------------- evaluation
     def _eval_start(self, split: str) -> None:
