@@ -45,6 +45,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def official_sorting_model(lta, mt, *, n_layer: int, n_head: int, d_head: int, d
     KL regulariser, σ₀ 0.05, augment_len = segment, unbounded memory), with N = `n_basis`, on `device`."""
     d_model = n_head * d_head
     building = cuda_on_cpu() if torch.device(device).type == "cpu" else nullcontext()
-    with building:
+    with building, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.meshgrid", category=UserWarning)  # their basis grid
         model = mt.MemTransformerLM(
             N_TOKEN, n_layer, n_head, d_model, d_head, d_inner, dropout, dropatt, tie_weight=True, tgt_len=tgt_len,
             eval_tgt_len=tgt_len, ext_len=0, mem_len=mem_len, attn_type=0, long_term_attention=True,
@@ -278,7 +280,8 @@ def official_gpt2_lm(checkout: Path, device: str = "cpu"):
     for key in ("architectures", "_name_or_path", "transformers_version", "task_specific_params", "model_type"):
         settings.pop(key, None)
     building = cuda_on_cpu() if torch.device(device).type == "cpu" else nullcontext()
-    with gpt2_shims(), building:
+    with gpt2_shims(), building, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.meshgrid", category=UserWarning)  # their basis grid
         model = modeling.GPT2LMHeadModel(config_class(add_cross_attention=False, **settings))
         model.apply(model._init_weights)
     # the forward passes ask for a head mask too: the same shim on the instance, outliving the block above
@@ -545,7 +548,7 @@ def main(argv: list[str]) -> None:
           f"{med['theirs']:,.0f} (without their anomaly detection {med['theirs_no_anomaly']:,.0f}), "
           f"ours {med['ours']:,.0f}; ours / theirs {min(r['theirs']):.2f}–{max(r['theirs']):.2f}× "
           f"({min(r['theirs_no_anomaly']):.2f}–{max(r['theirs_no_anomaly']):.2f}× without it) "
-          f"over {row['rounds']} rounds", flush=True)
+          f"over {row['rounds']} round{'s' if row['rounds'] > 1 else ''}", flush=True)
     if a.output:
         with a.output.open("a") as f:
             f.write(json.dumps(row) + "\n")
