@@ -276,9 +276,13 @@ class GPT2WithMemory(nn.Module):
         return self.lm.lm_head(hidden_BTD)
 
     def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:
-        """Per-token NLL in float32, 0 where the target is IGNORE (−100)."""
+        """Per-token NLL in float32, 0 where the target is IGNORE (−100). The vocabulary is the last, contiguous
+        dimension of the softmax: over `logits.transpose(1, 2)` (B, V, T) both devices take a strided kernel, on
+        an H200 57 ms forward + 27 ms backward per 512-token block of GPT-2's 50,257 words (against ≈ 1 ms), on 2
+        CPU cores 340 ms against 102 (`repro bench-infinity-former-authors --model gpt2_lm`)."""
         logits = self.logits(hidden_BTD).float()
-        return F.cross_entropy(logits.transpose(1, 2), target_BT, ignore_index=IGNORE, reduction="none")
+        nll = F.cross_entropy(logits.flatten(0, 1), target_BT.flatten(), ignore_index=IGNORE, reduction="none")
+        return nll.view(target_BT.shape)
 
     def extra_loss(self) -> torch.Tensor | None:
         losses = [l for m in self.memories.values() if (l := m.extra_loss()) is not None]
