@@ -59,6 +59,15 @@ CASES = {
                                      tie_projs=[False, True, False]), tgt=4, mem=6, segments=3),
 }
 
+# training-gradient cases (`make_grad_case`): train.py's step over 4 segments, the memory carried, no optimizer step
+GRAD_CASES = {
+    # the relative attention with a plain softmax output (ours: the row-blocked float32 cross-entropy on a CPU)
+    "grad_rel_mem": dict(model=dict(attn_type=0, n_token=24), tgt=4, mem=6, segments=4),
+    # the adaptive softmax and input with div_val 2, tied and untied projections (WikiText-103 large, lm1b)
+    "grad_adaptive_div2": dict(model=dict(attn_type=0, n_token=30, cutoffs=[10, 20], div_val=2,
+                                          tie_projs=[False, True, False]), tgt=4, mem=6, segments=4),
+}
+
 
 @contextmanager
 def shims():
@@ -153,6 +162,58 @@ def make_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
           + " ".join(f"{x.mean():.3f}" for x in tensors["output.loss"]))
 
 
+def make_grad_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
+    """A training-gradient fixture: the official model in training mode (dropout 0) stepped as `train.py` steps it
+    (`--batch_chunk 1`): per segment, `ret = model(data, target, *mems)`, `loss = ret[0].float().mean()`,
+    `loss.backward()`, the memory `ret[1:]` carried, here without `zero_grad` or an optimizer step in between, so
+    that the gradients of all segments accumulate. Saved: weights, the token stream, each segment's mean loss and
+    every parameter's accumulated gradient (under every name a tied parameter has). What the forward fixtures
+    cannot show: which paths the backward pass takes (the memory detached between segments, the relative shift's and
+    the adaptive softmax's backward) and the scale of the gradient that train.py's clip sees."""
+    g = torch.Generator().manual_seed(seed)
+    m = dict(case["model"])
+    tgt, mem, n_seg = case["tgt"], case["mem"], case["segments"]
+    model = build(mt, tgt=tgt, mem=mem, **m, **SMALL)
+    enlarge_(model, std=0.2, seed=seed)
+    with torch.no_grad():
+        model.r_w_bias.add_(0.5)
+        model.r_r_bias.sub_(0.5)
+    model.train()
+    stream = draw_tokens(m["n_token"], m.get("cutoffs", []), (n_seg * tgt + 1, B), g)
+    tensors, tied, seen = {}, {}, {}
+    for k, v in model.state_dict().items():
+        ptr = (v.data_ptr(), tuple(v.shape))
+        if ptr in seen:
+            tied[k] = seen[ptr]
+        else:
+            seen[ptr] = k
+            tensors[f"weight.{k}"] = v
+    tensors["input.stream"] = stream
+    mems = [torch.empty(0, B, SMALL["d_model"]) for _ in range(SMALL["n_layer"] + 1)]
+    losses = []
+    with shims():
+        for s in range(n_seg):
+            data, target = stream[s * tgt:(s + 1) * tgt], stream[s * tgt + 1:(s + 1) * tgt + 1]
+            ret = model(data, target, *mems)
+            loss = ret[0].float().mean()
+            loss.backward()
+            mems = ret[1:]
+            losses.append(loss.detach())
+    tensors["output.loss_mean"] = torch.stack(losses)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    tensors |= {f"grad.{n}": v for n, v in grads.items()}
+    meta = {
+        "repo": REPO, "commit": commit, "case": name, "file": "pytorch/mem_transformer.py, pytorch/train.py",
+        "model": {**SMALL, **{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in m.items()}},
+        "train_tgt_len": tgt, "train_mem_len": mem, "tgt_len": tgt, "mem_len": mem, "clamp_len": model.clamp_len,
+        "same_length": bool(model.same_length), "segments": n_seg, "batch": B, "tied": tied,
+        "official_param_count": sum(p.numel() for p in model.parameters()),
+        "unused_parameters": sorted(n for n, p in model.named_parameters() if p.grad is None),
+    }
+    save_fixture(OUT / f"{name}.pt", tensors, meta)
+    print(f"{name}: {len(grads)} gradients, loss/segment " + " ".join(f"{x:.3f}" for x in losses))
+
+
 def paper_shape(path: Path) -> dict:
     """The official `MemTransformerLM` arguments that `train.py` derives for one of our paper configs."""
     from repro.data.corpora import spec  # noqa: PLC0415
@@ -197,6 +258,8 @@ def main() -> None:
     mt = import_official(checkout)
     for seed, (name, case) in enumerate(CASES.items()):
         make_case(mt, name, case, commit, seed)
+    for seed, (name, case) in enumerate(GRAD_CASES.items(), start=len(CASES)):
+        make_grad_case(mt, name, case, commit, seed)
     save_fixture(OUT / "params.pt", {}, {"repo": REPO, "commit": commit, "case": "params",
                                           "paper_param_counts": paper_counts(mt)})
 
