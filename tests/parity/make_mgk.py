@@ -169,6 +169,105 @@ def make_lra(attention_mod, model_mod, wrapper_mod, commit: str) -> None:
         print(f"lra_classifier_{case}: logits {logits.tolist()}")
 
 
+# training-gradient fixtures: the variants whose π is learned by gradient or absent, and one soft E-step of each kind
+GRAD_LM_CASES = ("softmax", "linear34", "mgk", "smgk", "mlk", "smlk", "mgk_softe")
+GRAD_LRA_CASES = ("softmax", "linear", "mgk", "smgk", "mlk", "smlk", "smgk_softe")
+GRAD_CLASSIFIER_CASES = ("mgk", "mlk")
+
+
+def _grads(module: torch.nn.Module, keep: int | None = None) -> dict[str, torch.Tensor]:
+    """`grad.<name>` of every parameter; per-position π tables (pi, pi0, pi1) cut to the first `keep` positions,
+    as their weights are saved (asserted: no gradient reaches the positions beyond)."""
+    out = {}
+    for name, prm in module.named_parameters():
+        g = torch.zeros_like(prm) if prm.grad is None else prm.grad
+        if keep is not None and name.split(".")[-1] in ("pi", "pi0", "pi1") and g.shape[-1] > keep:
+            assert not g[..., keep:].any(), name
+            g = g[..., :keep]
+        out[f"grad.{name}"] = g.clone()
+    return out
+
+
+def make_grad(mt, attention_mod, model_mod, wrapper_mod, commit: str) -> None:
+    """`grad_lm_<case>`, `grad_lra_<case>`, `grad_lra_classifier_<case>`: the same modules, weights and inputs as
+    the forward fixtures of the same case (same seeds), trained: per segment or batch a loss is backpropagated and
+    the gradients accumulate over all of them (no optimizer step; the soft E-step's π moves in training mode as in
+    the forward fixtures). The layers' loss is Σ out ⊙ R with a fixed random R per segment (every output entry
+    weighted differently); the classifier's is the cross-entropy of the logits with fixed labels, as lra/run_tasks.py
+    trains it. Saved: weights, inputs, R / labels, every parameter's accumulated gradient."""
+    s = LM
+    for case in GRAD_LM_CASES:
+        attn_type, mode = LM_CASES[case]
+        torch.manual_seed(0)
+        layer = lm_layer(mt, attn_type, mode, n_head=s["n_head"], d_model=s["d_model"], d_head=s["d_head"],
+                         d_inner=s["d_inner"])
+        enlarge_(layer, seed=1)
+        redraw_pi_(layer, seed=2)
+        weights = {f"weight.{k}": (v[..., :s["qlen"]] if k.split(".")[-1] in ("pi", "pi0", "pi1") else v).clone()
+                   for k, v in layer.state_dict().items()}
+        soft = mode in ("soft", "soft2keys")
+        layer.train(soft)
+        g = torch.Generator().manual_seed(3)
+        mask = torch.triu(torch.ones(s["qlen"], s["qlen"], dtype=torch.bool), diagonal=1)[:, :, None]
+        hs, rs = [], []
+        for _ in range(s["n_seg"]):
+            h = torch.randn(s["qlen"], s["bsz"], s["d_model"], generator=g)
+            r = torch.randn(s["qlen"], s["bsz"], s["d_model"], generator=g)
+            (layer(h, dec_attn_mask=mask) * r).sum().backward()
+            hs.append(h), rs.append(r)
+        tensors = weights | {"input.h": torch.stack(hs), "input.r": torch.stack(rs)} | _grads(layer, s["qlen"])
+        save_fixture(OUT / f"grad_lm_{case}.pt", tensors, dict(
+            repo=REPO, commit=commit, case=f"grad_lm_{case}", attn_type=attn_type, update_mode=mode or "",
+            file="language-modeling/lmtool-fwms/src/mem_transformer.py", train=int(soft), **s))
+        print(f"grad_lm_{case}: {sum(k.startswith('grad.') for k in tensors)} gradients")
+    s = LRA
+    for case in GRAD_LRA_CASES:
+        spec = LRA_CASES[case]
+        torch.manual_seed(0)
+        att = attention_mod.Attention(lra_config(*spec))
+        enlarge_(att, seed=1)
+        redraw_pi_(att, seed=2)
+        tensors = {f"weight.{k}": v.clone() for k, v in att.state_dict().items()}
+        att.train(spec[4])
+        g = torch.Generator().manual_seed(3)
+        xs, masks, rs = [], [], []
+        for _ in range(s["n_step"]):
+            _, mask = lra_batch(g)
+            x = torch.randn(s["B"], s["L"], s["dim"], generator=g)
+            r = torch.randn(s["B"], s["L"], s["dim"], generator=g)
+            (att(x, mask) * r).sum().backward()
+            xs.append(x), masks.append(mask), rs.append(r)
+        tensors |= {"input.x": torch.stack(xs), "input.mask": torch.stack(masks), "input.r": torch.stack(rs)}
+        tensors |= _grads(att)
+        save_fixture(OUT / f"grad_lra_{case}.pt", tensors, dict(
+            repo=REPO, commit=commit, case=f"grad_lra_{case}", file="lra/attention.py", attn_type=spec[0],
+            key2=int(spec[1]), multi_gauss=int(spec[2]), hard_em=int(spec[3]), soft_em=int(spec[4]),
+            train=int(spec[4]), **s))
+        print(f"grad_lra_{case}: {sum(k.startswith('grad.') for k in tensors)} gradients")
+    for case in GRAD_CLASSIFIER_CASES:
+        torch.manual_seed(0)
+        cfg = lra_config(*LRA_CASES[case])
+        model, head = model_mod.Model(cfg), wrapper_mod.SCHead(cfg)
+        both = torch.nn.ModuleDict({"model": model, "head": head})
+        enlarge_(both, seed=1)
+        redraw_pi_(both, seed=2)
+        tensors = {f"weight.{k}": v.clone() for k, v in both.state_dict().items()}
+        both.train()  # dropout 0
+        g = torch.Generator().manual_seed(3)
+        toks, masks, labels = [], [], []
+        for _ in range(s["n_step"]):
+            tokens, mask = lra_batch(g)
+            label = torch.randint(0, s["classes"], (s["B"],), generator=g)
+            torch.nn.functional.cross_entropy(head(model(tokens, mask)), label).backward()
+            toks.append(tokens), masks.append(mask), labels.append(label)
+        tensors |= {"input.tokens": torch.stack(toks), "input.mask": torch.stack(masks),
+                    "input.labels": torch.stack(labels)} | _grads(both)
+        save_fixture(OUT / f"grad_lra_classifier_{case}.pt", tensors, dict(
+            repo=REPO, commit=commit, case=f"grad_lra_classifier_{case}", file="lra/model.py, lra/model_wrapper.py",
+            **s))
+        print(f"grad_lra_classifier_{case}: {sum(k.startswith('grad.') for k in tensors)} gradients")
+
+
 def count(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -202,6 +301,7 @@ def main() -> None:
             import model_wrapper as wrapper_mod
             make_lra(attention_mod, model_mod, wrapper_mod, commit)
             make_counts(mt, attention_mod, model_mod, commit)
+            make_grad(mt, attention_mod, model_mod, wrapper_mod, commit)
 
 
 if __name__ == "__main__":

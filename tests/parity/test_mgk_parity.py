@@ -6,6 +6,7 @@ for) and the outputs compared at 1e-4. Our modules run with the options that rep
 (`form: lm_official` / `official`, `pi_layout: position` / `global`), the paper configs' settings; the other
 forms are shown to differ from the official by far more than the tolerance (the README's measured effects), and
 breaking a mechanism (swapping two biases or the two mixture components) moves the result by > 100× tolerance.
+The training-gradient fixtures (`grad_*`) compare every parameter's accumulated gradient the same way.
 """
 
 from __future__ import annotations
@@ -82,8 +83,15 @@ LAYER = {"attn_norm.weight": (["dec_attn.layer_norm.weight"], same),
 
 
 def lm_case(case: str, *, form: str = "lm_official", layout: str = "position"):
-    """(our layer, official tensors, meta, derived keys) for fixture lm_<case>, weights loaded."""
+    """(our layer, official tensors, meta) for fixture lm_<case>, weights loaded."""
     t, meta = fixture(f"lm_{case}")
+    layer, spec, derived = lm_layer_spec(meta, form=form, layout=layout)
+    load_mapped(layer, t, spec, derived=derived)
+    return layer, t, meta
+
+
+def lm_layer_spec(meta, *, form: str = "lm_official", layout: str = "position"):
+    """(our layer for a fixture's meta, the name map from the official weights, our derived keys)."""
     cfg = lm_meta_cfg(meta)
     h, e = meta["n_head"], meta["d_head"]
     common = dict(d_model=cfg.d_model, n_head=h, d_head=e)
@@ -125,9 +133,7 @@ def lm_case(case: str, *, form: str = "lm_official", layout: str = "position"):
         elif pi == "soft_em":
             spec["attn.weights.pi"] = (["dec_attn.pi"], lambda p: position_table(256, p, 1 - p))
     spec |= o_net
-    layer = DecoderLayer(cfg, attn)
-    load_mapped(layer, t, spec, derived=derived)
-    return layer, t, meta
+    return DecoderLayer(cfg, attn), spec, derived
 
 
 def run_lm(layer, t, meta):
@@ -290,6 +296,13 @@ CLASSIFIER_CASES = ["softmax", "mgk", "smgk_softe", "mlk"]
 
 def classifier_case(case: str):
     t, meta = fixture(f"lra_classifier_{case}")
+    model, spec, derived = classifier_spec(case, meta)
+    load_mapped(model, t, spec, derived=derived)
+    return model.eval(), t
+
+
+def classifier_spec(case: str, meta):
+    """(our classifier for an lra_classifier fixture's meta, the name map, our derived keys)."""
     att_meta = fixture(f"lra_{case}")[1]
     model = LRAClassifier(lra_meta_cfg(meta, form="official"),
                           Variant.parse(f"{case.split('_')[0]}{meta['n_head']}" +
@@ -308,8 +321,7 @@ def classifier_case(case: str):
         s, d = lra_attention_spec(att_meta, f"{T}mha.", f"{O}attn.")
         spec |= s
         derived += d
-    load_mapped(model, t, spec, derived=derived)
-    return model.eval(), t
+    return model, spec, derived
 
 
 def official_pooling_logits(model, tokens, mask):
@@ -342,6 +354,138 @@ def test_lra_classifier_sensitivity_swapped_biases():
         kv[:d].copy_(q_old)  # swap the q and k₁ biases of layer 0
         out = official_pooling_logits(model, t["input.tokens"], t["input.mask"])
     assert (out - t["output.logits"]).abs().max() > FAR
+
+
+# ------------------------------------------------------------------------------------------- training gradients
+# grad_*.pt (make_mgk.py `make_grad`): the forward fixtures' modules, weights and inputs, trained: a loss per segment
+# or batch backpropagated, the gradients accumulated. Ours runs on parameters computed from the official leaves
+# through the same name maps (`torch.func.functional_call`), so that our gradients arrive under the official names
+# (a concatenation's rows, a per-head split, a π table's first positions) and compare entry by entry.
+GRAD_LM = ["softmax", "linear34", "mgk", "smgk", "mlk", "smlk", "mgk_softe"]
+GRAD_LRA = ["softmax", "linear", "mgk", "smgk", "mlk", "smlk", "smgk_softe"]
+GRAD_CLASSIFIER = ["mgk", "mlk"]
+
+
+def official_leaves(t) -> dict[str, torch.Tensor]:
+    """The official weights, those with a gradient in the fixture (its parameters) as leaves requiring one. A
+    parameter the official module registers under two names (SoftmaxAttention.pi is multi_gauss_kernel.pi) is in
+    its state dict twice, its gradient once: the names with equal weights share one leaf."""
+    grads = {k[len("grad."):] for k in t if k.startswith("grad.")}
+    weights = {k[len("weight."):]: v for k, v in t.items() if k.startswith("weight.")}
+    leaves: dict[str, torch.Tensor] = {}
+    for name, v in weights.items():
+        twins = [n for n, w in weights.items() if w.shape == v.shape and w.is_floating_point() and torch.equal(w, v)]
+        first = leaves.get(twins[0]) if twins and twins[0] != name else None
+        leaves[name] = first if first is not None else v.clone().requires_grad_(any(n in grads for n in twins))
+    return leaves
+
+
+class _Mapped:
+    """Our module's parameters as functions of the official leaves (`spec`); buffers (the soft E-step's π) are
+    computed once and kept, so that their in-place updates carry from step to step as the module's own would."""
+
+    def __init__(self, module, spec, derived, leaves):
+        self.module, self.spec, self.leaves = module, spec, leaves
+        own = dict(module.named_buffers())
+        self.kept = {k: v.detach().clone() for k, v in self._map().items() if k in own}
+        self.kept |= {k: v for k, v in module.state_dict(keep_vars=True).items() if k in derived}
+
+    def _map(self):
+        return {k: fn(*(self.leaves[n] for n in keys)) for k, (keys, fn) in self.spec.items()}
+
+    def __call__(self, *args, **kwargs):
+        params = {k: v for k, v in self._map().items() if k not in self.kept} | self.kept
+        return torch.func.functional_call(self.module, params, args, kwargs)
+
+
+def assert_gradients_equal(leaves, t) -> None:
+    names = [k[len("grad."):] for k in t if k.startswith("grad.")]
+    assert names
+    for name in names:
+        theirs = t[f"grad.{name}"]
+        ours = leaves[name].grad
+        ours = torch.zeros_like(theirs) if ours is None else ours
+        scale = max(1.0, float(theirs.abs().max()))
+        assert_close(ours / scale, theirs / scale, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def gradient_gap(leaves, t) -> float:
+    return max(float(((torch.zeros_like(g) if leaves[k[5:]].grad is None else leaves[k[5:]].grad) - g).abs().max())
+               / max(1.0, float(g.abs().max())) for k, g in t.items() if k.startswith("grad."))
+
+
+def train_lm_layer(case: str, *, break_mixture: bool = False):
+    t, meta = fixture(f"grad_lm_{case}")
+    layer, spec, derived = lm_layer_spec(meta)
+    if break_mixture:  # the two components' π columns exchanged
+        spec = dict(spec)
+        keys, fn = spec["attn.weights.pi"]
+        spec["attn.weights.pi"] = (keys[::-1], fn)
+    leaves = official_leaves(t)
+    ours = _Mapped(layer.train(bool(meta["train"])), spec, derived, leaves)
+    mask = causal_mask(meta["qlen"], meta["qlen"])
+    for h, r in zip(t["input.h"], t["input.r"]):
+        out, _ = ours(h.transpose(0, 1), mem_BMD=None, mask_TK=mask, pos=None)
+        (out.transpose(0, 1) * r).sum().backward()
+    return leaves, t
+
+
+@pytest.mark.parametrize("case", GRAD_LM)
+def test_lm_layer_training_gradients_equal_the_authors(case):
+    """One decoder layer of lmtool-fwms, 3 segments, Σ out ⊙ R backpropagated per segment: every official
+    parameter's accumulated gradient (π learned by gradient included) equals ours through the name maps."""
+    leaves, t = train_lm_layer(case)
+    assert_gradients_equal(leaves, t)
+
+
+def test_lm_training_gradients_detect_swapped_mixture_components():
+    leaves, t = train_lm_layer("mgk", break_mixture=True)
+    assert gradient_gap(leaves, t) > FAR
+
+
+def train_lra_attention(case: str):
+    t, meta = fixture(f"grad_lra_{case}")
+    variant = Variant.parse(f"{LRA_VARIANT[case].split('_')[0]}{meta['n_head']}" +
+                            (f"_{case.split('_')[1]}" if "_" in case else ""))
+    attn = variant.attention(d_model=meta["dim"], d_head=meta["head_dim"], dropatt=0.0, form="official",
+                             max_len=meta["max_seq_len"])
+    spec, derived = lra_attention_spec(meta, "", "")
+    leaves = official_leaves(t)
+    ours = _Mapped(attn.train(bool(meta["train"])), spec, derived, leaves)
+    for x, mask, r in zip(t["input.x"], t["input.mask"], t["input.r"]):
+        out, _ = ours(x, mem_BMD=None, mask_TK=~mask.bool()[:, None, None, :])
+        (out * r).sum().backward()
+    return leaves, t
+
+
+@pytest.mark.parametrize("case", GRAD_LRA)
+def test_lra_attention_training_gradients_equal_the_authors(case):
+    """lra/attention.py `Attention`, 3 padded batches, Σ out ⊙ R per batch: every parameter's gradient."""
+    leaves, t = train_lra_attention(case)
+    assert_gradients_equal(leaves, t)
+
+
+class _OfficialPooling(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, tokens, mask):
+        return official_pooling_logits(self.m, tokens, mask)
+
+
+@pytest.mark.parametrize("case", GRAD_CLASSIFIER)
+def test_lra_classifier_training_gradients_equal_the_authors(case):
+    """The whole LRA classifier (embeddings, 2 layers, pooling, head) trained on 3 padded batches with the
+    cross-entropy of fixed labels, as lra/run_tasks.py trains it (the official pooling emulated, as above)."""
+    t, meta = fixture(f"grad_lra_classifier_{case}")
+    model, spec, derived = classifier_spec(case, meta)
+    wrapped = _OfficialPooling(model.train())
+    leaves = official_leaves(t)
+    ours = _Mapped(wrapped, {f"m.{k}": v for k, v in spec.items()}, tuple(f"m.{k}" for k in derived), leaves)
+    for tokens, mask, labels in zip(t["input.tokens"], t["input.mask"], t["input.labels"]):
+        torch.nn.functional.cross_entropy(ours(tokens, mask), labels).backward()
+    assert_gradients_equal(leaves, t)
 
 
 # -------------------------------------------------------------------------------------------- parameter counts
