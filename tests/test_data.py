@@ -75,6 +75,28 @@ def test_embedded_corpora_build_and_cache():
     assert set(t8.vocab.symbols) <= {str(c) for c in b" abcdefghijklmnopqrstuvwxyz"}
 
 
+def test_a_cache_of_an_earlier_builder_revision_is_rebuilt(tmp_path, monkeypatch):
+    """A corpus whose builder changed (`CorpusSpec.revision`: WikiText-103 and PTB read their lines as the reference
+    since revision 2) rebuilds a cache made before; a current cache is reused."""
+    import dataclasses
+    import json
+
+    from repro.data import corpora
+
+    folder = corpora.build("embedded-char", tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert "revision" not in meta  # revision 1: the caches of unchanged builders are byte-identical
+    (folder / "meta.json").write_text(json.dumps(meta | {"marker": 1}))
+    corpora.build("embedded-char", tmp_path)
+    assert json.loads((folder / "meta.json").read_text()).get("marker") == 1  # reused
+    monkeypatch.setitem(corpora.REGISTRY, "embedded-char",
+                        dataclasses.replace(corpora.REGISTRY["embedded-char"], revision=2))
+    corpora.build("embedded-char", tmp_path)
+    rebuilt = json.loads((folder / "meta.json").read_text())
+    assert rebuilt["revision"] == 2 and "marker" not in rebuilt
+    assert corpora.REGISTRY["wt103"].revision == corpora.REGISTRY["ptb"].revision == 2
+
+
 def test_paper_corpus_vocab_size_known_before_download(tmp_path):
     assert vocab_size("wt103", tmp_path) == 267_735
     assert vocab_size("text8", tmp_path) == 27

@@ -49,6 +49,9 @@ class CorpusSpec:
     vocab_size: int | None
     build: Callable[[Path], Built]
     description: str
+    # raised when the builder's output changes, so that caches built before are rebuilt (a cache without one is 1).
+    # wt103 and ptb 2: lines read as the reference reads them, not with `str.splitlines` (tests/parity/test_data_parity.py)
+    revision: int = 1
 
 
 @dataclass
@@ -89,39 +92,49 @@ def _embedded_word(_: Path) -> Built:
     return _build_word(embedded.word_splits(), embedded.provenance())
 
 
+def wikitext103_lines(files: dict[str, Path]) -> dict[str, list[str]]:
+    """The lines of `wiki.{train,valid,test}.tokens` as the reference reads them (`_file_lines`: a file's lines, not
+    `str.splitlines`, which would also break at \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029 and add an
+    `<eos>` there)."""
+    return {s: _file_lines(files[s]) for s in SPLITS}
+
+
 def _wikitext103(raw: Path) -> Built:
     from repro.data import sources
 
-    files = sources.wikitext103_files(raw)
-    lines = {s: files[s].read_text(encoding="utf-8").splitlines() for s in SPLITS}
-    return _build_word(lines, {"source": "wikitext-103-v1.zip (tokenized)"})
+    return _build_word(wikitext103_lines(sources.wikitext103_files(raw)),
+                       {"source": "wikitext-103-v1.zip (tokenized)"})
 
 
-ENWIK8_SPLIT = (90_000_000, 5_000_000, 5_000_000)
+HUTTER_TAIL = 5_000_000  # validation and test: the last 2 × 5M bytes (`prep_enwik8.py`, `prep_text8.py`)
 
 
-def enwik8_splits(data: bytes) -> dict[str, bytes]:
-    """First 90M bytes train, next 5M valid, last 5M test (`prep_enwik8.py`)."""
-    if len(data) != sum(ENWIK8_SPLIT):
-        raise ValueError(f"enwik8 has {sum(ENWIK8_SPLIT):,} bytes, got {len(data):,}")
-    a, b, _ = ENWIK8_SPLIT
-    return {"train": data[:a], "valid": data[a : a + b], "test": data[a + b :]}
+def enwik8_splits(data: bytes, *, drop_newlines: bool = False) -> dict[str, bytes]:
+    """The last 5M bytes test, the 5M before them valid, the rest train (`prep_enwik8.py`; 90M / 5M / 5M of the
+    real 100M, whose size `sources.enwik8_bytes` checks). `drop_newlines`: without the newline bytes, as the
+    Transformer-XL pipeline reads `prep_enwik8.py`'s output (one line per newline, each stripped)."""
+    n = HUTTER_TAIL
+    if len(data) <= 2 * n:
+        raise ValueError(f"enwik8 has 100,000,000 bytes, got {len(data):,}")
+    parts = {"train": data[: -2 * n], "valid": data[-2 * n : -n], "test": data[-n:]}
+    if drop_newlines:
+        parts = {s: p.replace(b"\n", b"") for s, p in parts.items()}
+    return parts
 
 
 def _enwik8(raw: Path, *, drop_newlines: bool) -> Built:
     from repro.data import sources
 
-    parts = enwik8_splits(sources.enwik8_bytes(raw.parent / "enwik8"))  # one download for both variants
-    if drop_newlines:
-        parts = {s: p.replace(b"\n", b"") for s, p in parts.items()}
-    return _build_char(parts, {"source": "enwik8.zip", "newlines": "dropped" if drop_newlines else "kept"})
+    data = sources.enwik8_bytes(raw.parent / "enwik8")  # one download for both variants
+    return _build_char(enwik8_splits(data, drop_newlines=drop_newlines),
+                       {"source": "enwik8.zip", "newlines": "dropped" if drop_newlines else "kept"})
 
 
 def text8_splits(data: str | bytes) -> dict[str, bytes]:
     """The last 10M characters split 5M valid / 5M test, the rest train; each part stripped (`prep_text8.py`)."""
     if isinstance(data, str):
         data = data.encode("ascii")
-    n = 5_000_000
+    n = HUTTER_TAIL
     parts = {"train": data[: -2 * n], "valid": data[-2 * n : -n], "test": data[-n:]}
     return {s: p.strip() for s, p in parts.items()}
 
@@ -212,7 +225,8 @@ def _lm1b(raw: Path) -> Built:
 
 
 def ptb_lines(files: dict[str, Path]) -> dict[str, list[str]]:
-    return {s: files[s].read_text(encoding="utf-8").lower().splitlines() for s in SPLITS}
+    """The lines of `ptb.{train,valid,test}.txt`, lower-cased, as the reference reads them (`_file_lines`)."""
+    return {s: [line.lower() for line in _file_lines(files[s])] for s in SPLITS}
 
 
 def build_ptb(lines: dict[str, list[str]], meta: dict) -> Built:
@@ -247,7 +261,7 @@ REGISTRY: dict[str, CorpusSpec] = {
         CorpusSpec("embedded-word", "word", "wt103", None, _embedded_word,
                    "Python's documentation tokenized WikiText-style, <unk> below 3 training occurrences"),
         # 267,735 types: PAPERS.md §1 (train-only counts plus <eos>)
-        CorpusSpec("wt103", "word", None, 267_735, _wikitext103, "WikiText-103 (tokenized v1)"),
+        CorpusSpec("wt103", "word", None, 267_735, _wikitext103, "WikiText-103 (tokenized v1)", revision=2),
         # Every byte value that occurs in enwik8, the newline (byte 10) included; the reference pipeline loses
         # the newline (see papers/transformer_xl/README.md), hence one symbol less in `enwik8-txl`.
         CorpusSpec("enwik8", "char", None, 205, lambda raw: _enwik8(raw, drop_newlines=False),
@@ -262,7 +276,8 @@ REGISTRY: dict[str, CorpusSpec] = {
         CorpusSpec("lm1b", "word", None, 793_471, _lm1b,
                    "One Billion Word: shuffled sentences, <S> boundaries, the standard vocabulary"),
         # Mikolov's PTB: 9,999 words (with <unk>) and <eos>
-        CorpusSpec("ptb", "word", None, 10_000, _ptb, "Penn Treebank, word level (Mikolov's preprocessing)"),
+        CorpusSpec("ptb", "word", None, 10_000, _ptb, "Penn Treebank, word level (Mikolov's preprocessing)",
+                   revision=2),
     ]
 }
 
@@ -294,7 +309,7 @@ def _build(name: str, root: str | os.PathLike | None) -> Path:
     folder = cache_dir(name, root)
     if is_built(name, root):
         meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("format") == FORMAT_VERSION:
+        if meta.get("format") == FORMAT_VERSION and meta.get("revision", 1) == spec(name).revision:
             return folder
     s = spec(name)
     t0 = time.time()
@@ -303,6 +318,8 @@ def _build(name: str, root: str | os.PathLike | None) -> Path:
     built.vocab.save(folder / "vocab.json")
     save_tensors(folder / "tokens.pt", tensors)
     meta = dict(built.meta)
+    if s.revision != 1:
+        meta["revision"] = s.revision
     meta.update(
         format=FORMAT_VERSION,
         name=name,
