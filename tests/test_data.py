@@ -156,3 +156,60 @@ def test_corrupt_cache_is_reported_with_what_to_do(tmp_path):
     tokens.write_bytes(tokens.read_bytes()[:100])
     with pytest.raises(RuntimeError, match="delete it and run the command again"):
         load_corpus("embedded-text8", tmp_path)
+
+
+def _passes(segs, n):
+    """The inputs (and last targets) of `n` passes, each pass as one (B, N-1) tensor per stream row."""
+    out = []
+    for _ in range(n):
+        parts = list(segs)
+        out.append((torch.cat([p.input for p in parts], 1), torch.cat([p.target for p in parts], 1)))
+    return out
+
+
+def test_roll_rotates_every_stream_at_every_pass_as_lamemo_roll():
+    """LaMemo's `--roll` (`LMOrderedIterator.roll`, called before every epoch): each stream becomes
+    cat(row[shift:], row[:shift]) for its own random shift; here one draw per pass, as absolute rotations."""
+    tokens = torch.arange(403, dtype=torch.int32)
+    plain = LMSegments(tokens, batch_size=4, tgt_len=7)
+    rolled = LMSegments(tokens, batch_size=4, tgt_len=7, roll_seed=5)
+    streams = plain.streams.long()
+    seen = set()
+    for p, (x, y) in enumerate(_passes(rolled, 3)):
+        shift = rolled.shifts(p)
+        seen.add(tuple(shift.tolist()))
+        for b in range(4):
+            row = torch.cat([streams[b, shift[b]:], streams[b, :shift[b]]])
+            assert torch.equal(x[b], row[:-1]) and torch.equal(y[b], row[1:])
+    assert len(seen) == 3  # a new rotation every pass
+    assert torch.equal(_passes(plain, 1)[0][0], streams[:, :-1])  # without a seed: unrotated
+    assert len(list(rolled)) == len(plain)
+
+
+def test_roll_is_the_same_on_any_number_of_ranks_and_after_a_resume():
+    tokens = torch.arange(800, dtype=torch.int32)
+    one = LMSegments(tokens, batch_size=4, tgt_len=8, roll_seed=3)
+    halves = [LMSegments(tokens, batch_size=4, tgt_len=8, roll_seed=3, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(2):  # two passes
+        for full, a, b in zip(one, *halves):
+            assert torch.equal(torch.cat([a.input, b.input]), full.input)
+    # interrupted in the second pass, resumed from its state: the same segments as without the interruption
+    ref = LMSegments(tokens, batch_size=4, tgt_len=8, roll_seed=3)
+    expected = [s.input for _ in range(3) for s in ref]
+    run = LMSegments(tokens, batch_size=4, tgt_len=8, roll_seed=3)
+    got = [s.input for s in run]
+    it = iter(run)
+    got += [next(it).input for _ in range(4)]
+    resumed = LMSegments(tokens, batch_size=4, tgt_len=8, roll_seed=3)
+    resumed.load_state_dict(run.state_dict())
+    got += [s.input for s in resumed] + [s.input for s in resumed]
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_roll_applies_to_training_streams_only_with_the_run_seed():
+    torch.manual_seed(17)
+    dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=True)
+    train, valid = dm.segments("train"), dm.segments("valid")
+    assert train.roll_seed == 17 and valid.roll_seed is None
+    assert LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=True, roll_seed=2).segments("train").roll_seed == 2
+    assert LMDataModule("embedded-char", batch_size=4, tgt_len=16).segments("train").roll_seed is None
