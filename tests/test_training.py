@@ -42,9 +42,9 @@ class CrashAt(Callback):
             raise Killed
 
 
-def _run(tmp_path, *, crash_at=None, ckpt_path=None):
+def _run(tmp_path, *, crash_at=None, ckpt_path=None, roll=False):
     L.seed_everything(7)
-    dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16)
+    dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=roll)
     cfg = TransformerXLConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.2, dropatt=0.1)
     module = TransformerXLLM(cfg, memory={"mem_len": 16}, optim={"lr": 3e-3, "warmup_steps": 2}, n_token=dm.vocab_size)
     rec = LossRecorder()
@@ -84,6 +84,19 @@ def test_resume_without_the_memory_would_differ(tmp_path):
     torch.save(state, tmp_path / "nomem.ckpt")
     resumed, _ = _run(tmp_path / "c", ckpt_path=tmp_path / "nomem.ckpt")
     assert resumed[6] != pytest.approx(straight[6], rel=1e-6)
+
+
+def test_a_rolled_run_resumes_on_the_same_rotated_streams(tmp_path):
+    """LaMemo's `--roll` (`data.roll`): the streams' rotation comes back with the checkpoint, so the resumed run
+    continues the straight one; the rotation itself changes the trajectory (the test has power)."""
+    straight, _ = _run(tmp_path / "a", roll=True)
+    plain, _ = _run(tmp_path / "p")
+    assert straight[1] != pytest.approx(plain[1], rel=1e-6)
+    _run(tmp_path / "b", crash_at=7, roll=True)
+    resumed, _ = _run(tmp_path / "c", ckpt_path=tmp_path / "b" / "epoch=0-step=5.ckpt", roll=True)
+    assert sorted(resumed) == list(range(6, 11))
+    for step in range(6, 11):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
 
 
 def _cli(args, cwd):
