@@ -70,16 +70,24 @@ def redraw_pi_(module: torch.nn.Module, seed: int) -> None:
 lm_layer = official_lm_layer
 
 
+def fixture_lm_layer(mt, attn_type: int, mode: str | None):
+    """The official LM layer of a case at the fixtures' shapes and weights, and its `weight.*` tensors (per-position
+    π tables cut to the first qlen positions, the ones a segment reads)."""
+    s = LM
+    torch.manual_seed(0)
+    layer = lm_layer(mt, attn_type, mode, n_head=s["n_head"], d_model=s["d_model"], d_head=s["d_head"],
+                     d_inner=s["d_inner"])
+    enlarge_(layer, seed=1)
+    redraw_pi_(layer, seed=2)
+    weights = {f"weight.{k}": (v[..., :s["qlen"]] if k.split(".")[-1] in ("pi", "pi0", "pi1") else v).clone()
+               for k, v in layer.state_dict().items()}
+    return layer, weights
+
+
 def make_lm(mt, commit: str) -> None:
     s = LM
     for case, (attn_type, mode) in LM_CASES.items():
-        torch.manual_seed(0)
-        layer = lm_layer(mt, attn_type, mode, n_head=s["n_head"], d_model=s["d_model"], d_head=s["d_head"],
-                         d_inner=s["d_inner"])
-        enlarge_(layer, seed=1)
-        redraw_pi_(layer, seed=2)
-        weights = {f"weight.{k}": (v[..., :s["qlen"]] if k.split(".")[-1] in ("pi", "pi0", "pi1") else v).clone()
-                   for k, v in layer.state_dict().items()}
+        layer, weights = fixture_lm_layer(mt, attn_type, mode)
         soft = mode in ("soft", "soft2keys")
         layer.train(soft)  # dropout 0: training mode only moves the soft E-step's π
         g = torch.Generator().manual_seed(3)
@@ -198,13 +206,7 @@ def make_grad(mt, attention_mod, model_mod, wrapper_mod, commit: str) -> None:
     s = LM
     for case in GRAD_LM_CASES:
         attn_type, mode = LM_CASES[case]
-        torch.manual_seed(0)
-        layer = lm_layer(mt, attn_type, mode, n_head=s["n_head"], d_model=s["d_model"], d_head=s["d_head"],
-                         d_inner=s["d_inner"])
-        enlarge_(layer, seed=1)
-        redraw_pi_(layer, seed=2)
-        weights = {f"weight.{k}": (v[..., :s["qlen"]] if k.split(".")[-1] in ("pi", "pi0", "pi1") else v).clone()
-                   for k, v in layer.state_dict().items()}
+        layer, weights = fixture_lm_layer(mt, attn_type, mode)
         soft = mode in ("soft", "soft2keys")
         layer.train(soft)
         g = torch.Generator().manual_seed(3)

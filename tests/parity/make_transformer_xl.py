@@ -107,6 +107,19 @@ def draw_tokens(n_token: int, cutoffs: list[int], shape: tuple[int, ...], g: tor
             return x
 
 
+def weights_once(model) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`weight.<name>` of the state dict with each tied tensor once, and the tie (other name → saved name)."""
+    tensors, tied, seen = {}, {}, {}
+    for k, v in model.state_dict().items():
+        ptr = (v.data_ptr(), tuple(v.shape))
+        if ptr in seen:
+            tied[k] = seen[ptr]
+        else:
+            seen[ptr] = k
+            tensors[f"weight.{k}"] = v
+    return tensors, tied
+
+
 def make_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     m = dict(case["model"])
@@ -126,16 +139,7 @@ def make_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
         model.same_length = ev["same_length"]
     n_seg = case["segments"]
     stream = draw_tokens(m["n_token"], m.get("cutoffs", []), (n_seg * tgt + 1, B), g)  # time-first, as theirs
-    tensors = {}
-    sd = model.state_dict()
-    tied, seen = {}, {}
-    for k, v in sd.items():
-        ptr = (v.data_ptr(), tuple(v.shape))
-        if ptr in seen:
-            tied[k] = seen[ptr]
-        else:
-            seen[ptr] = k
-            tensors[f"weight.{k}"] = v
+    tensors, tied = weights_once(model)
     tensors["input.stream"] = stream
     mems = [torch.empty(0, B, SMALL["d_model"]) for _ in range(SMALL["n_layer"] + 1)] if mem > 0 else []
     losses = []
@@ -180,14 +184,7 @@ def make_grad_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
         model.r_r_bias.sub_(0.5)
     model.train()
     stream = draw_tokens(m["n_token"], m.get("cutoffs", []), (n_seg * tgt + 1, B), g)
-    tensors, tied, seen = {}, {}, {}
-    for k, v in model.state_dict().items():
-        ptr = (v.data_ptr(), tuple(v.shape))
-        if ptr in seen:
-            tied[k] = seen[ptr]
-        else:
-            seen[ptr] = k
-            tensors[f"weight.{k}"] = v
+    tensors, tied = weights_once(model)
     tensors["input.stream"] = stream
     mems = [torch.empty(0, B, SMALL["d_model"]) for _ in range(SMALL["n_layer"] + 1)]
     losses = []
