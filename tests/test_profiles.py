@@ -50,3 +50,34 @@ def test_unknown_profile_one_line(tmp_path):
         with swapped(root, "huge"):
             pass
     assert (root / "params.yaml").read_text() == "profile: tiny\n"
+
+
+def _git(root, *args):
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_index_entries_dvc_autostages_during_the_swap_are_put_back(tmp_path):
+    """DVC's autostage stages the lock it writes (the profile's, under `dvc.lock`) and may stage params.yaml: after
+    the swap the index holds the default's entries again, so a `git commit` cannot record the profile's files
+    under the default's names."""
+    root = tree(tmp_path)
+    _git(root, "init", "-q")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny")
+    before = _git(root, "ls-files", "-s", "--", "params.yaml", "dvc.lock")
+    with swapped(root, "small"):
+        (root / "dvc.lock").write_text("small lock\n")
+        _git(root, "add", "params.yaml", "dvc.lock")  # what autostage does
+    assert _git(root, "ls-files", "-s", "--", "params.yaml", "dvc.lock") == before
+    assert _git(root, "status", "--porcelain", "--", "params.yaml", "dvc.lock") == ""
+
+
+def test_commit_names_its_stages_and_reruns_nothing(tmp_path, monkeypatch):
+    from repro.cli.profile import main
+
+    monkeypatch.chdir(tree(tmp_path))
+    for argv in (["small", "--commit"], ["small", "--commit", "--force", "lamemo_run@*"]):
+        with pytest.raises(ValueError, match="records the stages it is given"):
+            main(argv)
