@@ -299,3 +299,28 @@ def test_two_builders_of_the_tiny_set_at_once_leave_one_complete_set(tmp_path):
     root = roots[0]
     assert (root / "complete.json").exists()
     assert sorted(p.parent.name for p in (root / "Conversations").glob("*/*.json")) == ["test"] * 2 + ["train"] * 4 + ["valid"] * 2
+
+
+def test_line_breaks_drop_is_run_clm_through_the_datasets_text_loader(tmp_path, tok, monkeypatch):
+    """`line_breaks: drop` (the ∞-former paper configs): the official `run_clm.py` copy reads a `.txt` file with
+    `datasets`' `text` loader (no `keep_linebreaks`: one example per line, without its break) and tokenises each
+    line alone, then concatenates. Reference: `datasets.load_dataset("text", ...)` itself on a WikiText-style file
+    and the same tokenizer per example. `keep` (documents whole, with their newlines) gives another stream."""
+    import datasets
+
+    from repro.text import streams as S
+
+    text = (" = Alpha = \n \n Alpha is a letter , and a sound . \n \n = = History = = \n \n Old text here . \n"
+            " = Beta = \n \n Beta too , said the cat . \n")
+    path = tmp_path / "train.txt"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = datasets.load_dataset("text", data_files={"train": str(path)}, split="train",
+                                 cache_dir=str(tmp_path / "hf"))
+    want = [t for line in rows["text"] for t in tok.encode(line)]
+    docs = S.split_wikitext_documents(text)
+    assert S.encode_documents(docs, tok, "drop") == want
+    assert S.encode_documents(docs, tok, "keep") != want
+    assert S.encode_documents(docs, tok, "keep") == [t for d in docs for t in tok.encode(d)]
+    with pytest.raises(ValueError, match=r"line_breaks is keep \| drop"):
+        S.TextStreamDataModule(source="embedded", line_breaks="strip")

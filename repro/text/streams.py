@@ -17,8 +17,13 @@ Sources:
 - `embedded`: the training / validation / test text of the embedded corpus (`repro.data.embedded`), the tiny
   profile's stand-in.
 
-Lines keep their newline characters (as `run_clm --keep_linebreaks`); tokens are cached per source and tokenizer
-digest as `<data>/cache/gpt2-<source>-<digest>/tokens.pt` (int32, `weights_only` loading) with `meta.json`.
+`line_breaks: keep` (the default): documents are tokenised whole, their lines with their newline characters (as
+later versions of `run_clm --keep_linebreaks`). `line_breaks: drop`: the official copy of `run_clm.py` (the paper
+configs): a `.txt` file read by `datasets`' `text` loader without `keep_linebreaks`, one example per line without
+its line break, each line tokenised on its own and the tokens concatenated (`encode_documents`; lines split with
+`str.splitlines`, as the `datasets` of that copy's time did). Tokens are cached per source, tokenizer digest and
+line mode as `<data>/cache/gpt2-<source>[-nolinebreaks]-<digest>/tokens.pt` (int32, `weights_only` loading)
+with `meta.json`.
 """
 
 from __future__ import annotations
@@ -94,16 +99,35 @@ def embedded_documents(split: str) -> list[str]:
     return [split_text()[split]]
 
 
+LINE_BREAKS = ("keep", "drop")
+
+
+def encode_documents(docs: list[str], tok, line_breaks: str = "keep") -> list[int]:
+    """The token ids of `docs` in order: each document whole (`keep`), or each of its lines without its line break,
+    one by one (`drop`: the official `run_clm.py` through `datasets`' `text` loader, see the module docstring)."""
+    ids: list[int] = []
+    for d in docs:
+        if line_breaks == "keep":
+            ids += tok.encode(d)
+        else:
+            for line in d.splitlines():
+                ids += tok.encode(line)
+    return ids
+
+
 def build_stream(source: str, spec: TokenizerSpec, data_root: str | os.PathLike | None = None, *,
-                 pg19_train_books: int = 2000) -> tuple[dict[str, torch.Tensor], dict]:
+                 pg19_train_books: int = 2000, line_breaks: str = "keep") -> tuple[dict[str, torch.Tensor], dict]:
     """Token streams of the three splits (int32) and their provenance, cached."""
     from repro.data.corpora import data_dir
     from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
     if source not in SOURCES:
         raise ValueError(f"unknown text source {source!r}; choose one of {SOURCES}")
+    if line_breaks not in LINE_BREAKS:
+        raise ValueError(f"data.line_breaks is keep | drop, got {line_breaks!r}")
     tok = load_tokenizer(spec, data_root)
     tag = f"{source}{'-' + str(pg19_train_books) if source == 'pg19' else ''}"
+    tag += "-nolinebreaks" if line_breaks == "drop" else ""
     folder = data_dir(data_root) / "cache" / f"gpt2-{tag}-{tok.digest}"
     with build_lock(folder):  # two runs of one source may build it at once
         if (folder / "meta.json").exists():
@@ -117,15 +141,14 @@ def build_stream(source: str, spec: TokenizerSpec, data_root: str | os.PathLike 
                 docs = pg19_documents(raw, split, pg19_train_books)
             else:
                 docs = embedded_documents(split)
-            ids: list[int] = []
-            for d in docs:
-                ids += tok.encode(d)
-            streams[split] = torch.tensor(ids, dtype=torch.int32)
+            streams[split] = torch.tensor(encode_documents(docs, tok, line_breaks), dtype=torch.int32)
             docs_per_split[split] = len(docs)
         meta = {"source": source, "tokenizer": tok.digest, "vocab_size": len(tok), "documents": docs_per_split,
                 "tokens": {s: int(t.numel()) for s, t in streams.items()}}
         if source == "pg19":
             meta["train_books"] = pg19_train_books
+        if line_breaks == "drop":
+            meta["line_breaks"] = "dropped, each line tokenised alone (run_clm.py's text loader)"
         save_tensors(folder / "tokens.pt", streams)
         atomic_write_json(folder / "meta.json", meta)  # last: marks a complete cache
         return streams, meta
@@ -155,14 +178,19 @@ class TextStreamDataModule(L.LightningDataModule):
         block_size: tokens per block (512 in the paper).
         batch_size / eval_batch_size: global numbers of contiguous streams (1 in the paper).
         pg19_train_books: PG-19 training books used (the first 2,000 in the paper).
+        line_breaks: `keep` (documents tokenised whole) or `drop` (the official `run_clm.py`: each line alone,
+            without its line break; the paper configs).
     """
 
     def __init__(self, source: str = "embedded", tokenizer: TokenizerSpec | dict | None = None,
                  block_size: int = 512, batch_size: int = 1, eval_batch_size: int = 1,
-                 pg19_train_books: int = 2000, data_dir: str | None = None):
+                 pg19_train_books: int = 2000, data_dir: str | None = None, line_breaks: str = "keep"):
         super().__init__()
         if source not in SOURCES:
             raise ValueError(f"data.source must be one of {SOURCES}, got {source!r}")
+        if line_breaks not in LINE_BREAKS:
+            raise ValueError(f"data.line_breaks is keep | drop, got {line_breaks!r}")
+        self.line_breaks = line_breaks
         self.source, self.block_size = source, block_size
         self.spec = tokenizer if isinstance(tokenizer, TokenizerSpec) else TokenizerSpec(**(tokenizer or {}))
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -176,12 +204,13 @@ class TextStreamDataModule(L.LightningDataModule):
         return vocab_size(self.spec, self.data_dir)
 
     def prepare_data(self) -> None:
-        build_stream(self.source, self.spec, self.data_dir, pg19_train_books=self.pg19_train_books)
+        build_stream(self.source, self.spec, self.data_dir, pg19_train_books=self.pg19_train_books,
+                     line_breaks=self.line_breaks)
 
     def setup(self, stage: str | None = None) -> None:
         if self.streams is None:
             self.streams, meta = build_stream(self.source, self.spec, self.data_dir,
-                                              pg19_train_books=self.pg19_train_books)
+                                              pg19_train_books=self.pg19_train_books, line_breaks=self.line_breaks)
             self.corpus = _Corpus(_Vocab(meta["tokenizer"], meta["vocab_size"]), meta)
 
     def _segments(self, split: str) -> LMSegments:
