@@ -131,6 +131,16 @@ def lra_batch(g):
     return tokens * mask, mask.float()
 
 
+def fixture_classifier(model_mod, wrapper_mod, case: str) -> torch.nn.ModuleDict:
+    """The official LRA classifier of a case (`lra/model.py` `Model` + `SCHead`) at the fixtures' weights."""
+    torch.manual_seed(0)
+    cfg = lra_config(*LRA_CASES[case])
+    both = torch.nn.ModuleDict({"model": model_mod.Model(cfg), "head": wrapper_mod.SCHead(cfg)})
+    enlarge_(both, seed=1)
+    redraw_pi_(both, seed=2)
+    return both
+
+
 def make_lra(attention_mod, model_mod, wrapper_mod, commit: str) -> None:
     s = LRA
     for case, spec in LRA_CASES.items():
@@ -159,12 +169,8 @@ def make_lra(attention_mod, model_mod, wrapper_mod, commit: str) -> None:
             train=int(soft), **s))
         print(f"lra_{case}: {sum(t.numel() for t in tensors.values())} numbers")
     for case in CLASSIFIER_CASES:
-        torch.manual_seed(0)
-        cfg = lra_config(*LRA_CASES[case])
-        model, head = model_mod.Model(cfg), wrapper_mod.SCHead(cfg)
-        both = torch.nn.ModuleDict({"model": model, "head": head})
-        enlarge_(both, seed=1)
-        redraw_pi_(both, seed=2)
+        both = fixture_classifier(model_mod, wrapper_mod, case)
+        model, head = both["model"], both["head"]
         both.eval()
         tokens, mask = lra_batch(torch.Generator().manual_seed(3))
         with torch.no_grad():
@@ -247,12 +253,8 @@ def make_grad(mt, attention_mod, model_mod, wrapper_mod, commit: str) -> None:
             train=int(spec[4]), **s))
         print(f"grad_lra_{case}: {sum(k.startswith('grad.') for k in tensors)} gradients")
     for case in GRAD_CLASSIFIER_CASES:
-        torch.manual_seed(0)
-        cfg = lra_config(*LRA_CASES[case])
-        model, head = model_mod.Model(cfg), wrapper_mod.SCHead(cfg)
-        both = torch.nn.ModuleDict({"model": model, "head": head})
-        enlarge_(both, seed=1)
-        redraw_pi_(both, seed=2)
+        both = fixture_classifier(model_mod, wrapper_mod, case)
+        model, head = both["model"], both["head"]
         tensors = {f"weight.{k}": v.clone() for k, v in both.state_dict().items()}
         both.train()  # dropout 0
         g = torch.Generator().manual_seed(3)
