@@ -155,7 +155,7 @@ def main(argv: list[str]) -> None:
             targets = [n for n in listed if any(fnmatch(n, pattern) for pattern in args.stages)]
             if not targets:
                 raise ValueError(f"no stage of profile {args.profile} matches {' '.join(args.stages)}")
-            cmd = ["dvc", "commit", "-f", *targets]
+            cmd = ["dvc", "commit", "-f", "-q", *targets]  # our line below says what happened
         else:
             wild = any(ch in st for st in args.stages for ch in "*?[")
             cmd = ["dvc", "repro", *(["-f"] if args.force else []), *(["--glob"] if wild else []), *args.stages]

@@ -307,11 +307,11 @@ def _build(name: str, root: str | os.PathLike | None) -> Path:
     import json
 
     folder = cache_dir(name, root)
+    s = spec(name)
     if is_built(name, root):
         meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("format") == FORMAT_VERSION and meta.get("revision", 1) == spec(name).revision:
+        if meta.get("format") == FORMAT_VERSION and meta.get("revision", 1) == s.revision:
             return folder
-    s = spec(name)
     t0 = time.time()
     built = s.build(data_dir(root) / "raw" / name)
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)) for k, v in built.splits.items()}

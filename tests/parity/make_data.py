@@ -6,10 +6,10 @@ Follows `tests/parity/common.py`. The miniature corpora of `tests/parity/data_so
 steps unmodified: `getdata.sh`'s renames (done here), `prep_enwik8.py` and `prep_text8.py` (run as scripts in the
 corpus folder, reading the zip as downloaded), then `pytorch/data_utils.py` `get_lm_corpus` (their vocabulary and
 encoding, the settings `train.py` uses per dataset) and `LMOrderedIterator` (their ordered batches). LaMemo's and
-MGK's language-model code carry the same `data_utils.py`. Saved per corpus: the vocabulary's size (and its symbols'
-digest for word corpora), every split's length, the sha256 of its ids (int32, little-endian), its first and last
-ids, and the sha256 of the batches `LMOrderedIterator(split, bsz=4, bptt=37)` yields (inputs and targets, time-first,
-concatenated). The test builds the same corpora with ours and compares all of it.
+MGK's language-model code carry the same `Corpus` and `Vocab` (their `data_utils.py` adds iterators). Saved per
+corpus: the vocabulary's size (and its symbols' digest for word corpora), every split's length, the sha256 of its
+ids (int32, little-endian), its first and last ids, and the sha256 of the batches
+`LMOrderedIterator(split, bsz=4, bptt=37)` yields (inputs and targets, time-first, concatenated). The test builds the same corpora with ours and compares all of it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ steps, `prep_enwik8.py`, `prep_text8.py`, `data_utils.get_lm_corpus` and `LMOrde
 miniature corpora of `data_sources.py`) against our builders (`repro/data/corpora.py`) and our ordered segments
 (`repro/data/lm.py` `LMSegments`) on the same bytes: vocabulary size (and the symbols of the word corpora), every
 split's ids, and every batch of inputs and targets. LaMemo's and MGK's language-model code carry the same
-`data_utils.py`, so this holds for the three papers' WikiText-103, enwik8 and text8 runs.
+`Corpus` and `Vocab` (their `data_utils.py` adds iterators), so this holds for the three papers' WikiText-103,
+enwik8 and text8 runs; LaMemo's `--roll` is tested in tests/test_data.py.
 
 The miniatures hold what separates line-reading rules (`\\x0b` … `\\u2029` inside lines, `\\r\\n` and `\\r`), byte
 values counted only in validation and test, ties in the frequency order and spaces at the split boundaries; the
