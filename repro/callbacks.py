@@ -8,6 +8,12 @@
   (memory, data position and RNG come with the module's own checkpoint state, `repro.lm.SegmentLM`). Lightning's
   `ModelCheckpoint` does the periodic part but not the interrupt, and the configs turn it off (it writes under
   `lightning_logs/` by default).
+- `BestCheckpoint`: `--run.select METRIC:min|max`, the model selection of the authors' training scripts: after every
+  validation whose METRIC improves on the best so far, the whole checkpoint is written to `a.best.ckpt`; at the end
+  of the fit it becomes `a.ckpt` (the checkpoint every test reads) and the final training state stays in
+  `a.last.ckpt`. The best value and its step travel in checkpoints, so a resumed fit keeps its selection.
+- `save_checkpoint`: every checkpoint of a run is written by this function: atomically, and by global rank 0 only
+  (under DDP each rank used to replace the file with its own empty temporary file).
 - `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint
   given to the wrong model is refused by name before a run starts, and test and resumed runs cite their fit run.
 - `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA (under `repro runs`
@@ -37,6 +43,38 @@ def last_path(checkpoint: str | os.PathLike) -> Path:
     """The periodic "last" checkpoint that belongs to the final checkpoint `checkpoint`."""
     p = Path(checkpoint)
     return p.with_name(f"{p.stem}.last{p.suffix or '.ckpt'}")
+
+
+def best_path(checkpoint: str | os.PathLike) -> Path:
+    """The best validation's checkpoint of a fit with `--run.select` (it becomes `checkpoint` at the end)."""
+    p = Path(checkpoint)
+    return p.with_name(f"{p.stem}.best{p.suffix or '.ckpt'}")
+
+
+def save_checkpoint(trainer, path: str | os.PathLike) -> None:
+    """The trainer's whole checkpoint (optimiser and callbacks too) at `path`, atomically. Every rank takes part
+    (Lightning gathers the state collectively and waits for all ranks); global rank 0 writes a temporary file whose
+    name it gives the others, and only its file replaces `path`. The function returns on every rank once `path`
+    is in place."""
+    import contextlib
+
+    from repro.io import atomic_path
+
+    with contextlib.ExitStack() as stack:
+        tmp = str(stack.enter_context(atomic_path(path))) if trainer.is_global_zero else None
+        if trainer.world_size > 1:
+            tmp = trainer.strategy.broadcast(tmp)
+        trainer.save_checkpoint(tmp, weights_only=False)
+    if trainer.world_size > 1:
+        trainer.strategy.barrier("repro.save_checkpoint")
+
+
+def parse_select(spec: str) -> tuple[str, str]:
+    """`--run.select METRIC:min|max` → (metric, mode)."""
+    metric, sep, mode = spec.rpartition(":")
+    if not sep or not metric or mode not in ("min", "max"):
+        raise ValueError(f"--run.select takes METRIC:min or METRIC:max (e.g. val/loss:min, val/acc:max), got {spec!r}")
+    return metric, mode
 
 
 class CurveRecorder(Callback):
@@ -117,10 +155,7 @@ class LastCheckpoint(Callback):
                 signal.signal(sig, self._handler)
 
     def save(self, trainer) -> None:
-        from repro.io import atomic_path
-
-        with atomic_path(self.path) as tmp:
-            trainer.save_checkpoint(tmp, weights_only=False)  # optimiser and callbacks too
+        save_checkpoint(trainer, self.path)
         self._saved_at = time.monotonic()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -150,6 +185,41 @@ class LastCheckpoint(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         self._restore()
+
+
+class BestCheckpoint(Callback):
+    """Model selection by validation, as the authors' training scripts select (each saves its model whenever the
+    validation score improves and tests the saved one): after every validation (not the sanity check) whose
+    `metric` is lower (`mode` min) or higher (max) than the best so far, the whole checkpoint goes to `path`.
+    `best`/`step` are the selection so far; they travel in the checkpoints (a resumed fit keeps them)."""
+
+    def __init__(self, path: str | os.PathLike, metric: str, mode: str):
+        self.path, self.metric, self.mode = Path(path), metric, mode
+        self.best: float | None = None
+        self.step: int | None = None
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.metric)
+        if value is None:
+            logged = ", ".join(sorted(k for k in trainer.callback_metrics if k.startswith("val/"))) or "nothing"
+            raise ValueError(f"--run.select {self.metric}:{self.mode}: the validation logged no {self.metric} "
+                             f"(it logged {logged})")
+        v = float(value)
+        better = v == v and (self.best is None or (v < self.best if self.mode == "min" else v > self.best))
+        if trainer.world_size > 1:  # one decision for all ranks (the save is collective)
+            better = trainer.strategy.broadcast(better)
+        if better:
+            self.best, self.step = v, int(trainer.global_step)
+            save_checkpoint(trainer, self.path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "mode": self.mode, "best": self.best, "step": self.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if (state_dict.get("metric"), state_dict.get("mode")) == (self.metric, self.mode):
+            self.best, self.step = state_dict.get("best"), state_dict.get("step")
 
 
 class Provenance(Callback):

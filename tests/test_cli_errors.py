@@ -87,6 +87,11 @@ def test_checkpoint_of_other_shapes(clean, capsys, good_ckpt):
     (["--data.init_args.corpus", "nope"], "unknown corpus 'nope'; the registry has: embedded-char"),
     (["--run.tracking", "mlfow"], "--run.tracking is one of 'mlflow', 'none', got 'mlfow'"),
     (["--trainer.max_stepz", "3"], "unknown option --trainer.max_stepz (did you mean --trainer.max_steps?)"),
+    (["--run.select", "val/loss", "--run.checkpoint", "a.ckpt"],
+     "--run.select takes METRIC:min or METRIC:max (e.g. val/loss:min, val/acc:max), got 'val/loss'"),
+    (["--run.select", "val/loss:min"], "--run.select keeps the best validation's checkpoint as --run.checkpoint: "
+                                       "give --run.checkpoint PATH"),
+    (["--run.selct", "val/loss:min"], "unknown option --run.selct (did you mean --run.select?)"),
 ])
 def test_bad_settings(clean, capsys, override, message):
     line = _one_line_error(capsys, ["fit", "-c", TINY, *override])

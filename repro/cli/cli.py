@@ -29,12 +29,16 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
 from repro.callbacks import (
+    BestCheckpoint,
     CurveRecorder,
     LastCheckpoint,
     MmapCheckpointIO,
     ProgressLine,
     Provenance,
+    best_path,
     last_path,
+    parse_select,
+    save_checkpoint,
     step_progress_bar,
 )
 from repro.tracking import hardware, tracking_uri
@@ -114,6 +118,7 @@ class ReproCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True, **kwargs):
         self._t0 = time.time()
         self._ckpt_info: dict[str, Any] | None = None
+        self._select: BestCheckpoint | None = None
         super().__init__(
             LightningModule,
             LightningDataModule,
@@ -153,6 +158,10 @@ class ReproCLI(LightningCLI):
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
                             help="fit: save the final checkpoint here (atomically)")
+        parser.add_argument("--run.select", type=str | None, default=None,
+                            help="fit: model selection as the authors' scripts, METRIC:min|max (e.g. val/loss:min): "
+                                 "the checkpoint of the best validation becomes --run.checkpoint, the final state "
+                                 "stays in A.last.ckpt (other subcommands ignore it)")
         parser.add_argument("--run.curves", type=str | None, default=None,
                             help="fit: write the training and validation curves to this CSV (a DVC plot)")
         parser.add_argument("--run.tracking", type=Literal["mlflow", "none"], default="mlflow",
@@ -214,6 +223,13 @@ class ReproCLI(LightningCLI):
                 ours.append(step_progress_bar(self._name()))
             if run.get("curves"):
                 ours.append(CurveRecorder(run["curves"]))
+            if run.get("select"):
+                metric, mode = parse_select(run["select"])
+                if not run.get("checkpoint"):
+                    raise ValueError("--run.select keeps the best validation's checkpoint as --run.checkpoint: "
+                                     "give --run.checkpoint PATH")
+                self._select = BestCheckpoint(best_path(run["checkpoint"]), metric, mode)
+                ours.append(self._select)
             if run.get("checkpoint"):
                 last = last_path(run["checkpoint"])
                 ours.append(LastCheckpoint(last, every_steps=int(run.get("last_every_steps") or 0),
@@ -329,19 +345,42 @@ class ReproCLI(LightningCLI):
     def after_fit(self):
         run = self._run_cfg()
         if run.get("checkpoint"):
-            from repro.io import atomic_path
-
-            with atomic_path(run["checkpoint"]) as tmp:
-                self.trainer.save_checkpoint(tmp, weights_only=False)
             last = last_path(run["checkpoint"])
-            if self.trainer.global_rank == 0 and last.exists():  # the final checkpoint supersedes it
-                last.unlink()
+            if self._select is None:
+                save_checkpoint(self.trainer, run["checkpoint"])
+                if self.trainer.global_rank == 0 and last.exists():  # the final checkpoint supersedes it
+                    last.unlink()
+            else:
+                self._finish_selection(Path(run["checkpoint"]), last)
         self._record("fit")
         lg = self._mlflow()
         if run.get("curves") and self.trainer.global_rank == 0:
             png = plot_curves(run["curves"])
             if png is not None and lg is not None:
                 lg.experiment.log_artifact(lg.run_id, str(png))
+
+    def _finish_selection(self, ckpt: Path, last: Path) -> None:
+        """`--run.select`: the final state goes to `last`, the best validation's checkpoint becomes `ckpt` (a resumed
+        fit that had already finished keeps the `ckpt` it selected then)."""
+        sel, rank0 = self._select, self.trainer.global_rank == 0
+        save_checkpoint(self.trainer, last)
+        action = None
+        if rank0:
+            action = ("best" if sel.step is not None and sel.path.exists() else
+                      "kept" if sel.step is not None and ckpt.exists() else "final")
+        if self.trainer.world_size > 1:
+            action = self.trainer.strategy.broadcast(action)
+        if action == "best" and rank0:
+            os.replace(sel.path, ckpt)
+        elif action == "final":  # no validation ran (or its checkpoint is gone): the final state is all there is
+            save_checkpoint(self.trainer, ckpt)
+            if rank0:
+                sel.path.unlink(missing_ok=True)  # a file left by an earlier, interrupted run is not this run's
+                why = "no validation ran" if sel.step is None else f"the checkpoint of step {sel.step} is gone"
+                print(f"repro: --run.select {sel.metric}:{sel.mode}: {why}, so {ckpt} holds the final weights "
+                      f"(step {self.trainer.global_step})", file=sys.stderr, flush=True)
+        if self.trainer.world_size > 1:
+            self.trainer.strategy.barrier("repro.select")
 
     def after_validate(self):
         self._record("validate")
@@ -377,6 +416,9 @@ class ReproCLI(LightningCLI):
                 "torch": torch.__version__,
             },
         }
+        if stage == "fit" and self._select is not None:
+            record["provenance"]["selected"] = {"metric": self._select.metric, "mode": self._select.mode,
+                                                "value": self._select.best, "step": self._select.step}
         if hasattr(self.model, "describe"):
             record["model"] = self.model.describe()
         if run.get("record"):
@@ -400,8 +442,11 @@ class ReproCLI(LightningCLI):
             shown = {"train loss": metrics["train/loss"], **{f"val {k}": v for k, v in shown.items()}}
         parts = [f"{stage} {self._name()}", *(f"{k} {v:.4g}" for k, v in list(shown.items())[:6])]
         tokens = metrics.get(f"{prefix}tokens")
+        sel = prov.get("selected")
         extra = ([f"{int(tokens):,} tokens"] if tokens and stage != "fit" else []) + \
-            ([f"{prov['steps']} steps"] if stage == "fit" else []) + [f"{prov['wall_seconds']} s"]
+            ([f"{prov['steps']} steps"] if stage == "fit" else []) + \
+            ([f"selected step {sel['step']}, {sel['metric']} {sel['value']:.4g}"] if sel and sel["step"] is not None
+             else []) + [f"{prov['wall_seconds']} s"]
         return "  ".join(parts) + f"  ({', '.join(extra)})"
 
 
@@ -550,7 +595,7 @@ def one_line(message: str) -> str:
 
             known = list(inspect.signature(Trainer).parameters)
         else:
-            known = ["paper", "experiment", "profile", "record", "checkpoint", "curves", "tracking",
+            known = ["paper", "experiment", "profile", "record", "checkpoint", "select", "curves", "tracking",
                      "last_every_steps", "last_every_minutes", "resume", "untrained"]
         near = difflib.get_close_matches(key, known, n=1)
         return f"unknown option --{group}.{key}" + (f" (did you mean --{group}.{near[0]}?)" if near else "")
