@@ -5,6 +5,7 @@ import io
 import json
 import pickle
 import tarfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -227,6 +228,29 @@ def test_data_module_serves_trimmed_padded_batches(tmp_path):
         LRADataModule("listops", max_len=25, listops=spec, name="t", data_dir=str(tmp_path)).setup()
 
 
+def test_data_module_pads_to_the_reference_length(tmp_path):
+    spec = dict(n_train=40, n_valid=8, n_test=8, min_length=3, max_length=25, max_depth=5, max_args=4)
+    dm = LRADataModule("listops", batch_size=8, eval_batch_size=8, max_len=25, listops=spec, name="t",
+                       data_dir=str(tmp_path), pad_to=30)
+    dm.setup()
+    batch = next(iter(dm.val_dataloader()))
+    s = dm.splits["valid"]
+    assert batch.tokens.shape == (8, 30) and dm.tgt_len == 30
+    assert ((batch.tokens != 0).sum(1) == s.lengths[:8]).all()
+    with pytest.raises(ValueError, match="pad to at least max_len"):
+        LRADataModule("listops", max_len=25, pad_to=20)
+    with pytest.raises(ValueError, match="pixel tasks"):
+        LRADataModule("listops", max_len=25, black_is_padding=True)
+
+
+def test_black_is_padding_gives_grey_level_zero_the_pad_id():
+    split = lra.Split(torch.tensor([[1, 2, 256], [5, 1, 1]], dtype=torch.int16), torch.tensor([3, 3]),
+                      torch.tensor([0, 1]))
+    batch = lra._collate(split, black_is_padding=True)([0, 1])
+    assert batch.tokens.tolist() == [[0, 1, 255], [4, 0, 0]]  # ids 1…256 are grey levels 0…255
+    assert lra._collate(split)([0, 1]).tokens.tolist() == [[1, 2, 256], [5, 1, 1]]
+
+
 # ---------------------------------------------------------------------------------------------- classifier
 
 VARIANTS = ["softmax2", "mgk1", "smgk1", "mgk1_softe", "mgk1_harde", "linear2", "mlk1", "smlk1"]
@@ -258,6 +282,19 @@ def test_mean_pooling_ignores_pads():
     h = enc.drop(enc.tok(x[:, :3]) + enc.pos.weight[:3])
     h = enc.norm(enc.layers[0](h, torch.zeros(1, 1, 1, 3, dtype=torch.bool)))
     assert_close(pooled, h.mean(1))
+
+
+def test_padded_pooling_is_the_reference_mean_over_the_padded_length():
+    torch.manual_seed(0)
+    cfg = LRAConfig(n_token=10, max_len=8, d_model=8, d_inner=16, d_head=4, n_layer=1)
+    enc = LRAEncoder(cfg, Variant.parse("softmax2")).eval()
+    ref = LRAEncoder(replace(cfg, pooling="padded"), Variant.parse("softmax2")).eval()
+    ref.load_state_dict(enc.state_dict())
+    x = torch.tensor([[3, 4, 5, 0, 0]])
+    # lra/model.py: norm(X) zeroed at the pads, then the mean over all 5 positions
+    assert_close(ref(x), enc(x) * 3 / 5)
+    with pytest.raises(ValueError, match="pooling is real or padded"):
+        LRAConfig(pooling="sum")
 
 
 def test_variants_parse_and_build():

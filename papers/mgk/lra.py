@@ -26,10 +26,12 @@ not used in LRA), fixed.
   writes it, φ(q)ᵀ Σ_j Σ_r π_r φ(k_jr) v_j / φ(q)ᵀ Σ_j Σ_r π_r φ(k_jr) (linear attention of Katharopoulos et al.).
 
 Deviations from the reference (see README.md):
-- Mean pooling averages over the real tokens only; the reference zeroes pad positions and divides by the padded
-  length, so its logits change with the amount of padding. Ours do not (a test; the parity test emulates theirs).
+- `pooling: real` averages over the real tokens only; the reference (`pooling: padded`, with `data.pad_to` its
+  fixed padded length) zeroes pad positions and divides by the padded length, so its logits change with the amount
+  of padding. The paper configs use the reference's pooling, padding and (for Image and Pathfinder) black pixels as
+  padding (`data.black_is_padding`); the tiny and small profiles ours.
 - Padding is masked in every attention (keys) through a (B, 1, 1, K) mask; pixel value 0 is a real token here
-  (the reference treats it as padding).
+  unless `data.black_is_padding` (the reference treats it as padding).
 """
 
 from __future__ import annotations
@@ -101,10 +103,15 @@ class LRAConfig:
     dropout: float = 0.1
     dropatt: float = 0.1
     form: str = "ours"  # official: π layout, soft E-step and linear attention of lra/attention*.py (docstring)
+    # real: the mean over a document's real tokens; padded: the reference's (pads zeroed after the final LayerNorm,
+    # then the mean over every position, pads included: with its fixed padded length, data.pad_to)
+    pooling: str = "real"
 
     def __post_init__(self):
         if self.form not in ("ours", "official"):
             raise ValueError(f"model.form is ours or official, got {self.form!r}")
+        if self.pooling not in ("real", "padded"):
+            raise ValueError(f"model.pooling is real or padded, got {self.pooling!r}")
         if self.num_classes < 2 or self.max_len < 1 or self.n_layer < 1:
             raise ValueError("num_classes must be ≥ 2, max_len and n_layer ≥ 1")
 
@@ -141,6 +148,7 @@ class LRAEncoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg, variant) for _ in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.max_len = cfg.max_len
+        self.pooling = cfg.pooling
 
     def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
         b, t = tokens_BT.shape
@@ -154,6 +162,8 @@ class LRAEncoder(nn.Module):
             x = layer(x, pad)
         x = self.norm(x)
         w = real_BT.to(x.dtype)[..., None]
+        if self.pooling == "padded":  # the reference: pads zeroed, then the mean over all t positions
+            return (x * w).sum(1) / t
         return (x * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean over the real tokens
 
 
@@ -213,8 +223,12 @@ class LRAModule(L.LightningModule):
         if dm.num_classes != self.cfg.num_classes or dm.info.dual != self.cfg.dual:
             raise ValueError(f"task {dm.task} has {dm.num_classes} classes (two documents: {dm.info.dual}), the model "
                              f"{self.cfg.num_classes} (dual: {self.cfg.dual}): set model.num_classes and model.dual")
-        if dm.max_len > self.cfg.max_len:
-            raise ValueError(f"data.max_len {dm.max_len} exceeds model.max_len {self.cfg.max_len}")
+        if dm.tgt_len > self.cfg.max_len:
+            what = "data.pad_to" if getattr(dm, "pad_to", None) else "data.max_len"
+            raise ValueError(f"{what} {dm.tgt_len} exceeds model.max_len {self.cfg.max_len} (the position table)")
+        if self.cfg.pooling == "padded" and not getattr(dm, "pad_to", None):
+            raise ValueError("model.pooling padded divides by the padded length: set data.pad_to (the reference "
+                             "pads every document to a fixed length), or use model.pooling real")
 
     def forward(self, batch) -> torch.Tensor:
         return self.model(batch.tokens, batch.tokens2)

@@ -21,19 +21,23 @@ LRA writes it (`Source\\tTarget` with a header, the source fully parenthesised a
 tokenizer keeps the operators, `]` and digits, and drops the parentheses, which repeat the bracket structure.
 
 Token ids: 0 is padding everywhere and never a real token (bytes and pixels are shifted by one), so a pad mask is
-`tokens != 0`. (The reference's pipeline marks pixel value 0 and byte id 0 as padding too: black pixels of Image
-and Pathfinder are masked out of attention and pooling there. Ours keeps them.)
+`tokens != 0`. (The reference's byte ids are byte + 1 too, but its pixel ids are the grey levels themselves, so
+black pixels of Image and Pathfinder are masked out of attention and pooling there: `black_is_padding` does the
+same; by default ours keeps them.)
 
 Built tasks live in `<data_dir>/cache/lra/<name>/{train,valid,test}.pt` (int16 tokens (N, L) padded with 0,
 lengths (N,), labels (N,); Retrieval also tokens2/lengths2) with `meta.json` (sizes, sources, sha256 of every
 file); the generated ListOps TSVs in `<data_dir>/raw/lra/<name>/` with their own manifest. Every file is written
 atomically; a finished build is reused, and its checksums are verified on load.
 
-Deviations from the reference pipelines (see papers/mgk/README.md): Text uses the IMDb test set for both
-validation and test, as LRA and the reference do; Image takes the last 5,000 training images as validation
-(45k/5k/10k as the reference's counts); Pathfinder is split 80/10/10 after a seeded shuffle (the reference's
-shuffle is unseeded); the grey level is round(0.2989 R + 0.5870 G + 0.1140 B) (TensorFlow's `rgb_to_grayscale`
-weights).
+As the reference pipelines (tests/parity/test_lra_data_parity.py runs LRA's own on miniatures): ListOps symbols,
+truncation and labels; IMDb reviews stripped of whitespace at both ends (the TensorFlow Datasets builder does)
+and byte ids; Retrieval's tab-separated pairs (quotes literal); grey levels exactly as `tf.image.rgb_to_grayscale`;
+with `pad_to` the reference's fixed padded lengths and with `black_is_padding` its pad id for black pixels.
+Deviations (see papers/mgk/README.md): Text uses the IMDb test set for both validation and test, as LRA and the
+reference do; Image takes the last 5,000 training images as validation (45k/5k/10k as the reference's counts, whose
+`train[90%:]` is a slice of TensorFlow Datasets' own shuffled order); Pathfinder is split 80/10/10 after a seeded
+shuffle (the reference's shuffle is unseeded).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from typing import Any, NamedTuple
 import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from repro.data.corpora import data_dir
 from repro.data.download import ChecksumError, download, sha256_file
@@ -284,21 +289,22 @@ _IMDB_MEMBER = re.compile(r"(?:^|/)aclImdb/(train|test)/(pos|neg)/[^/]+\.txt$")
 
 def read_imdb(source: str | os.PathLike) -> dict[str, list[tuple[bytes, int]]]:
     """IMDb reviews by split ('train', 'test') as (text bytes, label: 1 positive, 0 negative), sorted by file
-    name. `source` is `aclImdb_v1.tar.gz` or a folder holding `aclImdb/` as extracted from it."""
+    name. `source` is `aclImdb_v1.tar.gz` or a folder holding `aclImdb/` as extracted from it. Each text is
+    stripped of ASCII whitespace at both ends, as the TensorFlow Datasets IMDb builder (LRA's source) strips it."""
     source = Path(source)
     out: dict[str, list[tuple[str, bytes, int]]] = {"train": [], "test": []}
     if source.is_dir():
         for path in sorted(source.rglob("*.txt")):
             m = _IMDB_MEMBER.search(path.as_posix())
             if m:
-                out[m[1]].append((path.as_posix(), path.read_bytes(), int(m[2] == "pos")))
+                out[m[1]].append((path.as_posix(), path.read_bytes().strip(), int(m[2] == "pos")))
     else:
         try:
             with tarfile.open(source, "r:*") as tar:
                 for member in tar:
                     m = _IMDB_MEMBER.search(member.name)
                     if m and member.isfile():
-                        out[m[1]].append((member.name, tar.extractfile(member).read(), int(m[2] == "pos")))
+                        out[m[1]].append((member.name, tar.extractfile(member).read().strip(), int(m[2] == "pos")))
         except (tarfile.TarError, EOFError, OSError) as err:
             raise ChecksumError(f"{source} is not a readable IMDb archive ({err}); delete it and its .sha256 and run "
                                 "again to download it afresh") from err
@@ -358,10 +364,14 @@ def read_cifar_batch(data: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grey_levels(x_N3072: np.ndarray) -> np.ndarray:
-    """(N, 1024) grey levels: round(0.2989 R + 0.5870 G + 0.1140 B) of each pixel, row-major."""
-    rgb = x_N3072.reshape(-1, 3, 1024).astype(np.float64)
-    g = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]
-    return np.clip(np.rint(g), 0, 255).astype(np.uint8)
+    """(N, 1024) grey levels of each pixel, row-major, as the reference computes them (LRA's image pipeline:
+    `tf.image.rgb_to_grayscale` of the uint8 picture): in float32, v = (R, G, B) / 255 · (0.2989, 0.5870, 0.1140),
+    then v · 255.5 truncated. Not round(0.2989 R + 0.5870 G + 0.1140 B): that differs on about a quarter of the
+    pixels by one level (tests/parity/test_lra_data_parity.py)."""
+    rgb = x_N3072.reshape(-1, 3, 1024).astype(np.float32) * np.float32(1 / 255)
+    w = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
+    g = rgb[:, 0] * w[0] + rgb[:, 1] * w[1] + rgb[:, 2] * w[2]
+    return (g * np.float32(255.5)).astype(np.uint8)
 
 
 def read_cifar10(archive: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -623,18 +633,31 @@ class _Examples(torch.utils.data.Dataset):
         return i
 
 
-def _collate(split: Split):
-    """Indices → a Batch trimmed to the longest sequence in it (padding beyond it would change nothing)."""
+def _collate(split: Split, *, pad_to: int | None = None, black_is_padding: bool = False):
+    """Indices → a Batch trimmed to the longest sequence in it (padding beyond it would change nothing), or padded
+    to `pad_to` tokens (the reference's fixed length, on which its mean pooling and linear attention depend).
+    `black_is_padding`: the pixel ids 1…256 become the grey levels 0…255, so that black takes the pad id 0 (the
+    reference's pipeline)."""
+
+    def cut(tokens: torch.Tensor, lengths: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        t = tokens[i, : max(1, int(lengths[i].max()))].long()
+        if black_is_padding:
+            t = (t - 1).clamp_min(0)
+        if pad_to is not None:
+            t = F.pad(t, (0, pad_to - t.shape[1]))
+        return t
 
     def collate(idx: list[int]) -> Batch:
         i = torch.as_tensor(idx)
-        t = split.tokens[i, : max(1, int(split.lengths[i].max()))].long()
-        t2 = None
-        if split.tokens2 is not None:
-            t2 = split.tokens2[i, : max(1, int(split.lengths2[i].max()))].long()
-        return Batch(t, split.labels[i], t2)
+        t2 = cut(split.tokens2, split.lengths2, i) if split.tokens2 is not None else None
+        return Batch(cut(split.tokens, split.lengths, i), split.labels[i], t2)
 
     return collate
+
+
+# The reference's padded lengths (Nyströmformer LRA/datasets/*.py: the LRA pipelines' max_length, then 48, 24 and
+# 96 more zeros for ListOps, Text and Retrieval): what `pad_to` reproduces in the paper configs.
+REFERENCE_PADDED_LENGTH = {"listops": 2048, "text": 1024, "retrieval": 4096, "image": 1024, "pathfinder": 1024}
 
 
 class LRADataModule(L.LightningDataModule):
@@ -648,6 +671,12 @@ class LRADataModule(L.LightningDataModule):
             Pathfinder 1024).
         listops: generation settings (`ListOpsSpec`) when task = listops and `listops_release` is false.
         listops_release: read ListOps from the LRA release instead of generating it.
+        pad_to: pad every batch to this many tokens per document instead of trimming it to its longest example:
+            the reference trains on documents padded to a fixed length (`REFERENCE_PADDED_LENGTH`: ListOps 2048,
+            Text 1024, Retrieval 4096, Image and Pathfinder 1024), and its mean pooling (`model.pooling: padded`)
+            and linear attention (1/√L) depend on that length. None (default): trimmed.
+        black_is_padding: Image and Pathfinder: give grey level 0 the pad id, as the reference's pipeline does
+            (black pixels are then masked out of attention and pooling). Default false: every pixel is a token.
         pathfinder_difficulty: curv_baseline | curv_contour_length_9 | curv_contour_length_14.
         split_seed: seed of the Pathfinder split.
         name: the cache folder name (default: the task, with a digest of the ListOps spec).
@@ -659,7 +688,8 @@ class LRADataModule(L.LightningDataModule):
     def __init__(self, task: str, batch_size: int = 32, eval_batch_size: int = 64, max_len: int = 2000,
                  listops: ListOpsSpec | dict | None = None, listops_release: bool = False,
                  pathfinder_difficulty: str = "curv_contour_length_14", split_seed: int = 0,
-                 name: str | None = None, data_dir: str | None = None, shuffle_seed: int | None = None):
+                 name: str | None = None, data_dir: str | None = None, shuffle_seed: int | None = None,
+                 pad_to: int | None = None, black_is_padding: bool = False):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"unknown LRA task {task!r}; tasks: {', '.join(TASKS)}")
@@ -667,7 +697,13 @@ class LRADataModule(L.LightningDataModule):
             raise ValueError("batch_size, eval_batch_size and max_len must be positive")
         if pathfinder_difficulty not in ("curv_baseline", "curv_contour_length_9", "curv_contour_length_14"):
             raise ValueError(f"unknown Pathfinder difficulty {pathfinder_difficulty!r}")
+        if pad_to is not None and pad_to < max_len:
+            raise ValueError(f"data.pad_to ({pad_to}) is shorter than data.max_len ({max_len}): pad to at least "
+                             f"max_len (the reference pads {task} to {REFERENCE_PADDED_LENGTH[task]})")
+        if black_is_padding and task not in ("image", "pathfinder"):
+            raise ValueError(f"data.black_is_padding is for the pixel tasks (image, pathfinder), not {task}")
         self.task, self.batch_size, self.eval_batch_size, self.max_len = task, batch_size, eval_batch_size, max_len
+        self.pad_to, self.black_is_padding = pad_to, black_is_padding
         if isinstance(listops, dict):
             listops = ListOpsSpec(**listops)
         self.listops = listops if listops is not None else ListOpsSpec()
@@ -693,7 +729,8 @@ class LRADataModule(L.LightningDataModule):
 
     @property
     def tgt_len(self) -> int:
-        return self.max_len
+        """Tokens per document in a batch at most (the fixed length with `pad_to`)."""
+        return self.pad_to or self.max_len
 
     @property
     def folder(self) -> Path:
@@ -705,6 +742,10 @@ class LRADataModule(L.LightningDataModule):
             s |= {"listops": "release" if self.listops_release else asdict(self.listops)}
         if self.task == "pathfinder":
             s |= {"difficulty": self.pathfinder_difficulty, "split_seed": self.split_seed}
+        if self.task in ("text", "image"):
+            # 2 (2026-11-26): IMDb texts stripped and grey levels computed as the reference computes them; a cache
+            # built before is rebuilt
+            s |= {"revision": 2}
         return s
 
     def prepare_data(self) -> None:
@@ -754,12 +795,15 @@ class LRADataModule(L.LightningDataModule):
                                                           rank=trainer.global_rank, shuffle=train, seed=seed % 2**31,
                                                           drop_last=train)
             return torch.utils.data.DataLoader(_Examples(data), batch_size=bs // trainer.world_size if train else bs,
-                                               sampler=sampler, drop_last=train, collate_fn=_collate(data))
+                                               sampler=sampler, drop_last=train, collate_fn=self._collate(data))
         if train:
             g = torch.Generator().manual_seed(seed)
             return torch.utils.data.DataLoader(_Examples(data), batch_size=bs, shuffle=True, generator=g,
-                                               drop_last=len(data.labels) >= bs, collate_fn=_collate(data))
-        return torch.utils.data.DataLoader(_Examples(data), batch_size=bs, shuffle=False, collate_fn=_collate(data))
+                                               drop_last=len(data.labels) >= bs, collate_fn=self._collate(data))
+        return torch.utils.data.DataLoader(_Examples(data), batch_size=bs, shuffle=False, collate_fn=self._collate(data))
+
+    def _collate(self, data: Split):
+        return _collate(data, pad_to=self.pad_to, black_is_padding=self.black_is_padding)
 
     def train_dataloader(self):
         return self._loader("train", train=True)

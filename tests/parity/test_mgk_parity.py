@@ -304,7 +304,7 @@ def classifier_case(case: str):
 def classifier_spec(case: str, meta):
     """(our classifier for an lra_classifier fixture's meta, the name map, our derived keys)."""
     att_meta = fixture(f"lra_{case}")[1]
-    model = LRAClassifier(lra_meta_cfg(meta, form="official"),
+    model = LRAClassifier(lra_meta_cfg(meta, form="official", pooling="padded"),
                           Variant.parse(f"{case.split('_')[0]}{meta['n_head']}" +
                                         (f"_{case.split('_')[1]}" if "_" in case else "")))
     spec = {"encoder.tok.weight": (["model.embeddings.word_embeddings.weight"], same),
@@ -324,21 +324,17 @@ def classifier_spec(case: str, meta):
     return model, spec, derived
 
 
-def official_pooling_logits(model, tokens, mask):
-    """lra/model.py pools norm(X)·mask over the padded length: ours (mean over real tokens) × n_real / L."""
-    x = model.encoder(tokens)
-    x = x * mask.sum(1, keepdim=True) / tokens.shape[1]
-    return model.head(x)
-
-
 @pytest.mark.parametrize("case", CLASSIFIER_CASES)
 def test_lra_classifier_logits_match_official(case):
+    """`pooling: padded` (the paper configs', with data.pad_to) is the official pooling: norm(X) zeroed at the pads,
+    then the mean over the padded length."""
     model, t = classifier_case(case)
     tokens, mask = t["input.tokens"], t["input.mask"]
     assert torch.equal(tokens != 0, mask.bool())
     with torch.no_grad():
-        assert_close(official_pooling_logits(model, tokens, mask), t["output.logits"], **TOL)
-        # our pooling (the documented deviation) moves the padded example only
+        assert_close(model(tokens), t["output.logits"], **TOL)
+        # our own pooling (the mean over real tokens) moves the padded example only
+        model.encoder.pooling = "real"
         ours = model(tokens)
     assert_close(ours[0], t["output.logits"][0], **TOL)
     assert (ours[1] - t["output.logits"][1]).abs().max() > FAR
@@ -352,7 +348,7 @@ def test_lra_classifier_sensitivity_swapped_biases():
         q_old = q.clone()
         q.copy_(kv[:d])
         kv[:d].copy_(q_old)  # swap the q and k₁ biases of layer 0
-        out = official_pooling_logits(model, t["input.tokens"], t["input.mask"])
+        out = model(t["input.tokens"])
     assert (out - t["output.logits"]).abs().max() > FAR
 
 
@@ -465,26 +461,17 @@ def test_lra_attention_training_gradients_equal_the_authors(case):
     assert_gradients_equal(leaves, t)
 
 
-class _OfficialPooling(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.m = model
-
-    def forward(self, tokens, mask):
-        return official_pooling_logits(self.m, tokens, mask)
-
-
 @pytest.mark.parametrize("case", GRAD_CLASSIFIER)
 def test_lra_classifier_training_gradients_equal_the_authors(case):
     """The whole LRA classifier (embeddings, 2 layers, pooling, head) trained on 3 padded batches with the
-    cross-entropy of fixed labels, as lra/run_tasks.py trains it (the official pooling emulated, as above)."""
+    cross-entropy of fixed labels, as lra/run_tasks.py trains it (the official pooling: `pooling: padded`)."""
     t, meta = fixture(f"grad_lra_classifier_{case}")
     model, spec, derived = classifier_spec(case, meta)
-    wrapped = _OfficialPooling(model.train())
     leaves = official_leaves(t)
-    ours = _Mapped(wrapped, {f"m.{k}": v for k, v in spec.items()}, tuple(f"m.{k}" for k in derived), leaves)
+    ours = _Mapped(model.train(), spec, derived, leaves)
     for tokens, mask, labels in zip(t["input.tokens"], t["input.mask"], t["input.labels"]):
-        torch.nn.functional.cross_entropy(ours(tokens, mask), labels).backward()
+        assert torch.equal(tokens != 0, mask.bool())
+        torch.nn.functional.cross_entropy(ours(tokens), labels).backward()
     assert_gradients_equal(leaves, t)
 
 
