@@ -341,3 +341,28 @@ def test_tiny_lra_fit_through_the_cli(tmp_path, monkeypatch, root):
     out = json.loads(rec.read_text())
     assert out["provenance"]["steps"] == 4 and 0 <= out["metrics"]["val/acc"] <= 1
     assert out["model"]["variant"] == "mgk1"
+
+
+def test_two_ddp_processes_evaluate_every_example_once(tmp_path, root):
+    """Evaluation under DDP: the ranks share the examples without repeating any (501 do not split evenly) and the
+    accuracy and loss are those of one process. (Before 2026-11-26 the sampler repeated an example to even the
+    shares and the loss was rank 0's alone; Lightning's epoch mean with sync_dist gave 2.3734 against 2.3686.)"""
+    import subprocess
+    import sys
+
+    common = ["validate", "-c", "configs/mgk/tiny/lra_listops.yaml", "--run.tracking", "none", "--run.untrained",
+              "true", "--trainer.precision", "32-true", "--trainer.accelerator", "cpu",
+              "--data.init_args.data_dir", str(tmp_path), "--data.init_args.eval_batch_size", "50",
+              "--data.init_args.listops", "{n_train: 64, n_valid: 501, n_test: 10, min_length: 16, max_length: 64, "
+              "max_depth: 6, max_args: 5, seed: 0}"]
+
+    def run(*extra, out):
+        done = subprocess.run([sys.executable, "-m", "repro", *common, *extra, "--run.record", str(tmp_path / out)],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads((tmp_path / out).read_text())["metrics"]
+
+    one = run(out="one.json")
+    two = run("--trainer.devices", "2", "--trainer.strategy", "ddp", out="two.json")
+    assert two["val/acc"] == pytest.approx(one["val/acc"], abs=1e-7)  # the same 501 examples, each once
+    assert two["val/loss"] == pytest.approx(one["val/loss"], rel=1e-6)  # Lightning's synced epoch mean was not

@@ -44,6 +44,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from papers.mgk.attention import MGKAttention, MLKAttention, SoftmaxAttention
@@ -211,6 +212,8 @@ class LRAModule(L.LightningModule):
         self.model = LRAClassifier(self.cfg, self.variant)
         self.acc = nn.ModuleDict({f"{s}_acc": MulticlassAccuracy(self.cfg.num_classes, average="micro")
                                   for s in ("train", "valid", "test")})
+        # the evaluation loss, weighted by examples and summed over DDP ranks when computed
+        self.eval_loss = nn.ModuleDict({s: MeanMetric() for s in ("valid", "test")})
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=True)
         self.register_buffer("train_batches", torch.zeros((), dtype=torch.int64), persistent=True)
         self.save_hyperparameters({"variant": variant, "model": asdict(self.cfg), "optim": asdict(self.optim),
@@ -238,14 +241,14 @@ class LRAModule(L.LightningModule):
         loss = F.cross_entropy(logits.float(), batch.labels)
         self.acc[f"{split}_acc"].update(logits.detach(), batch.labels)
         prefix = "val" if split == "valid" else split
-        on_step = split == "train"
-        self.log(f"{prefix}/loss", loss, on_step=on_step, on_epoch=not on_step, prog_bar=on_step,
-                 batch_size=len(batch.labels))
-        # cross-entropy per example as a perplexity and in bits: the names the repository's curve recorder reads
-        self.log(f"{prefix}/ppl", torch.exp(loss.detach()), on_step=on_step, on_epoch=not on_step,
-                 batch_size=len(batch.labels))
-        self.log(f"{prefix}/bpc", loss.detach() / math.log(2), on_step=on_step, on_epoch=not on_step,
-                 batch_size=len(batch.labels))
+        if split == "train":
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=len(batch.labels))
+            # cross-entropy per example as a perplexity and in bits: the names the repository's curve recorder reads
+            self.log("train/ppl", torch.exp(loss.detach()), on_step=True, on_epoch=False, batch_size=len(batch.labels))
+            self.log("train/bpc", loss.detach() / math.log(2), on_step=True, on_epoch=False,
+                     batch_size=len(batch.labels))
+        else:
+            self.eval_loss[split].update(loss.detach(), weight=len(batch.labels))
         self.log(f"{prefix}/acc", self.acc[f"{split}_acc"], on_step=False, on_epoch=True, batch_size=len(batch.labels))
         return loss
 
@@ -260,6 +263,21 @@ class LRAModule(L.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
+
+    def _log_eval_loss(self, split: str) -> None:
+        """The split's mean cross-entropy per example over every rank's examples (torchmetrics reduces it)."""
+        prefix = "val" if split == "valid" else split
+        loss = self.eval_loss[split].compute()
+        self.eval_loss[split].reset()
+        self.log(f"{prefix}/loss", loss)
+        self.log(f"{prefix}/ppl", torch.exp(loss))
+        self.log(f"{prefix}/bpc", loss / math.log(2))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval_loss("valid")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval_loss("test")
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.optim.lr, betas=(0.9, 0.999), eps=self.optim.adam_eps,

@@ -782,7 +782,8 @@ class LRADataModule(L.LightningDataModule):
 
     def _loader(self, split: str, *, train: bool):
         """Training: reshuffled every epoch; evaluation: every example once, in order. Under DDP each rank takes
-        its own share (the repository turns Lightning's automatic sampler off for the language models)."""
+        its own share (the repository turns Lightning's automatic sampler off for the language models); in
+        evaluation the shares differ by at most one example, and the module's metrics are reduced over the ranks."""
         self.setup()
         data = self.splits[split]
         seed = self.shuffle_seed if self.shuffle_seed is not None else torch.initial_seed()
@@ -791,9 +792,12 @@ class LRADataModule(L.LightningDataModule):
         if trainer is not None and trainer.world_size > 1:
             if train and bs % trainer.world_size:
                 raise ValueError(f"batch size {bs} does not split into {trainer.world_size} ranks")
-            sampler = torch.utils.data.DistributedSampler(_Examples(data), num_replicas=trainer.world_size,
-                                                          rank=trainer.global_rank, shuffle=train, seed=seed % 2**31,
-                                                          drop_last=train)
+            if train:
+                sampler = torch.utils.data.DistributedSampler(_Examples(data), num_replicas=trainer.world_size,
+                                                              rank=trainer.global_rank, shuffle=True,
+                                                              seed=seed % 2**31, drop_last=True)
+            else:  # every example exactly once over the ranks (DistributedSampler would repeat some to even them)
+                sampler = range(trainer.global_rank, len(data.labels), trainer.world_size)
             return torch.utils.data.DataLoader(_Examples(data), batch_size=bs // trainer.world_size if train else bs,
                                                sampler=sampler, drop_last=train, collate_fn=self._collate(data))
         if train:
