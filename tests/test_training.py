@@ -245,3 +245,20 @@ def test_prepare_of_a_profile_folder_skips_the_claims_file(root, tmp_path, monke
     manifest = tmp_path / "data.json"
     main(["prepare", str(folder), "--manifest", str(manifest)])
     assert json.loads(manifest.read_text()) == {} or "claims" not in manifest.read_text()
+
+
+def test_prepare_manifest_is_the_same_for_a_rebuilt_cache(root, tmp_path, monkeypatch):
+    """The data stage's manifest (a dependency of every run stage) says what was built, not how long it took: a
+    cache rebuilt with the same contents leaves it byte for byte, so DVC retrains nothing."""
+    import shutil
+
+    monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
+    folder = tmp_path / "cfgs"
+    folder.mkdir()
+    (folder / "a.yaml").write_text((root / TINY).read_text())
+    texts = []
+    for _ in range(2):
+        main(["prepare", str(folder), "--manifest", str(tmp_path / "data.json")])
+        texts.append((tmp_path / "data.json").read_text())
+        shutil.rmtree(tmp_path / "data" / "cache")
+    assert texts[0] == texts[1] and "sha256" in texts[0] and "build_seconds" not in texts[0]

@@ -77,7 +77,10 @@ def _prepare(args) -> None:
             dm.prepare_data()
             dm.setup("fit")
             corpus = getattr(dm, "corpus", None)
-            built[name] = getattr(corpus, "meta", None) or {"prepared": True}
+            meta = getattr(corpus, "meta", None) or {"prepared": True}
+            # what was built, not how long it took: the manifest is a dependency of every run stage, and a rebuilt
+            # cache with the same contents must not make DVC retrain them
+            built[name] = {k: v for k, v in meta.items() if k != "build_seconds"}
             print(f"{name}: ready", flush=True)
     if args.manifest:
         from repro.io import atomic_write_json
