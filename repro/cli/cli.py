@@ -157,7 +157,7 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.record", type=str | None, default=None,
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
-                            help="fit: save the final checkpoint here (atomically)")
+                            help="fit: save the final checkpoint here (atomically; with --run.select, the selected one)")
         parser.add_argument("--run.select", type=str | None, default=None,
                             help="fit: model selection as the authors' scripts, METRIC:min|max (e.g. val/loss:min): "
                                  "the checkpoint of the best validation becomes --run.checkpoint, the final state "
