@@ -35,14 +35,14 @@ truncation and labels; IMDb reviews stripped of whitespace at both ends (the Ten
 and byte ids; Retrieval's tab-separated pairs (quotes literal); grey levels exactly as `tf.image.rgb_to_grayscale`;
 with `pad_to` the reference's fixed padded lengths and with `black_is_padding` its pad id for black pixels.
 Deviations (see papers/mgk/README.md): Text uses the IMDb test set for both validation and test, as LRA and the
-reference do; Image takes the last 5,000 training images as validation (45k/5k/10k as the reference's counts, whose
-`train[90%:]` is a slice of TensorFlow Datasets' own shuffled order); Pathfinder is split 80/10/10 after a seeded
-shuffle (the reference's shuffle is unseeded).
+reference do; Pathfinder is split 80/10/10 after a seeded shuffle (the reference's shuffle is unseeded). Image's
+validation pictures are the reference's: the last 5,000 of TensorFlow Datasets' order (`train[90%:]`, `tfds_order`).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -557,14 +557,31 @@ def _build_image(raw: Path, *, max_len: int, **_) -> tuple[dict, dict]:
     return _image_splits(read_cifar10(archive), n_valid=5000), {"source": CIFAR10_URL}
 
 
+def tfds_order(n: int, split: str) -> np.ndarray:
+    """The order in which TensorFlow Datasets serves the n examples of a split its builder keyed 0…n−1 (CIFAR-10's
+    keys each picture by its index in the batch files): ascending md5 of the split name followed by the key, the
+    order its writer gives a split (`tensorflow_datasets.core.hashing`, salted by the split name)."""
+    salt = hashlib.md5(split.encode())
+
+    def key(i: int) -> int:
+        h = salt.copy()
+        h.update(str(i).encode())
+        return int(h.hexdigest(), 16)
+
+    return np.array(sorted(range(n), key=key), dtype=np.int64)
+
+
 def _image_splits(data: dict[str, tuple[np.ndarray, np.ndarray]], *, n_valid: int) -> dict[str, Split]:
+    """LRA's CIFAR-10 splits: `train[:90%]` and `train[90%:]` of TensorFlow Datasets' order (`tfds_order`), so
+    that the validation pictures are the reference's (`n_valid` = 5,000 of 50,000), and the test set."""
     def mk(x, y):
         return Split(torch.from_numpy(x.astype(np.int16) + 1), torch.full((len(x),), x.shape[1], dtype=torch.int64),
                      torch.from_numpy(y.astype(np.int64)))
 
     x, y = data["train"]
-    n = len(x) - n_valid
-    return {"train": mk(x[:n], y[:n]), "valid": mk(x[n:], y[n:]), "test": mk(*data["test"])}
+    order = tfds_order(len(x), "train")
+    train, valid = order[: len(x) - n_valid], order[len(x) - n_valid:]
+    return {"train": mk(x[train], y[train]), "valid": mk(x[valid], y[valid]), "test": mk(*data["test"])}
 
 
 def _build_pathfinder(raw: Path, *, difficulty: str, seed: int, **_) -> tuple[dict, dict]:
@@ -743,8 +760,8 @@ class LRADataModule(L.LightningDataModule):
         if self.task == "pathfinder":
             s |= {"difficulty": self.pathfinder_difficulty, "split_seed": self.split_seed}
         if self.task in ("text", "image"):
-            # 2 (2026-11-26): IMDb texts stripped and grey levels computed as the reference computes them; a cache
-            # built before is rebuilt
+            # 2 (2026-11-26): IMDb texts stripped, grey levels and the validation pictures as the reference's; a
+            # cache built before is rebuilt
             s |= {"revision": 2}
         return s
 

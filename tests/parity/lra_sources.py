@@ -13,7 +13,8 @@ is made in a TensorFlow environment without torch.
   `1`, `0` and `1.0`), with double quotes (literal: the reference turns quoting off), non-ASCII text, a `\\r\\n`
   line end and texts longer than `RETRIEVAL_MAX` bytes.
 - Image: CIFAR-10 pictures (R, G and B planes of 32 × 32, the python and binary releases' layout): black, white,
-  pure channels, a ramp over every value and random ones; grey levels at every rounding boundary.
+  pure channels, a ramp over every value and random ones; grey levels at every rounding boundary. And a training
+  split of `CIFAR_TRAIN` pictures, for which TensorFlow Datasets' order decides the validation pictures.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 LISTOPS_MAX, TEXT_MAX, RETRIEVAL_MAX = 40, 60, 50  # max_length given to both pipelines
+CIFAR_TRAIN = 60  # pictures of the miniature CIFAR-10 training split (12 per batch file)
 LISTOPS_EXTRA, TEXT_EXTRA, RETRIEVAL_EXTRA = 48, 24, 96  # zeros Nyströmformer's LRA/datasets/*.py append
 OPS = ("[MAX", "[MIN", "[MED", "[SM")
 

@@ -13,7 +13,8 @@ miniatures instead: IMDb examples made by the TensorFlow Datasets IMDb builder's
 miniature archive (labels by its class names neg, pos), CIFAR-10 pictures in the builder's layout (32 × 32 × 3).
 Saved: every example's tokens (ListOps: the symbols, decoded by the pipeline's own encoder; text: the ids), its
 label and its length in the pickle; the grey levels of every picture of the test split (which the pipeline keeps in
-order). The pipelines shuffle some splits: the test compares each split as a sorted list.
+order); which training pictures `train[:90%]` and `train[90%:]` serve, in order, after the CIFAR-10 builder of
+TensorFlow Datasets prepared a miniature of the binary release (its download shimmed to a local folder). The pipelines shuffle some splits: the test compares each split as a sorted list.
 """
 
 from __future__ import annotations
@@ -109,9 +110,12 @@ def text(lra: Path, tmp: Path) -> dict:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     module = pipeline(lra, "text_classification")
-    module.tfds.load = imdb_load_shim(archive)  # the shim: no download
-    train, val, test, _ = module.get_tc_datasets(n_devices=1, task_name="imdb_reviews", data_dir=None, batch_size=1,
-                                                 fixed_vocab=None, max_length=src.TEXT_MAX)
+    load, module.tfds.load = module.tfds.load, imdb_load_shim(archive)  # the shim: no download
+    try:
+        train, val, test, _ = module.get_tc_datasets(n_devices=1, task_name="imdb_reviews", data_dir=None,
+                                                     batch_size=1, fixed_vocab=None, max_length=src.TEXT_MAX)
+    finally:
+        module.tfds.load = load
     out = {}
     for split, ds in (("train", train), ("valid", val), ("test", test)):
         examples = []
@@ -152,8 +156,11 @@ def image(lra: Path) -> dict:
         return tf.data.Dataset.from_tensor_slices({"image": hwc, "label": y})
 
     module = pipeline(lra, "image")
-    module.tfds.load = load  # the shim: no download; every split holds the miniature pictures
-    _, _, test, *_ = module.get_cifar10_datasets(n_devices=1, batch_size=1, normalize=False)
+    original, module.tfds.load = module.tfds.load, load  # the shim: no download; every split the miniature pictures
+    try:
+        _, _, test, *_ = module.get_cifar10_datasets(n_devices=1, batch_size=1, normalize=False)
+    finally:
+        module.tfds.load = original
     grey = np.stack([ex["inputs"][0].reshape(-1) for ex in rows(test)])  # cifar10.py: reshape(-1)
     assert grey.shape == (len(x), 1024) and grey.min() >= 0 and grey.max() <= 255
     return {"grey_levels_uint8_base64": base64.b64encode(grey.astype(np.uint8).tobytes()).decode(),
@@ -162,6 +169,33 @@ def image(lra: Path) -> dict:
 
 def rows_labels(ds):
     return [ex["targets"][0] for ex in rows(ds)]
+
+
+def cifar_split(tmp: Path) -> dict:
+    """Which training pictures `tfds.load('cifar10', split='train[90%:]')` serves, in order (LRA's validation split):
+    the CIFAR-10 builder of TensorFlow Datasets prepares a miniature of the binary release (`CIFAR_TRAIN` pictures
+    over the five batch files, with the download replaced by the local folder) with its own writer, which orders a
+    split by the md5 of its keys; each served picture is named by its index in the batch files."""
+    import tensorflow_datasets as tfds
+
+    root = tmp / "cifar_bin"
+    folder = root / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    (folder / "batches.meta.txt").write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
+    per = src.CIFAR_TRAIN // 5
+    for b in range(5):
+        # each picture carries its index in its first two red values (the builder keeps no id in the examples)
+        records = b"".join(bytes([i % 10, i // 256, i % 256]) + bytes(3070) for i in range(b * per, (b + 1) * per))
+        (folder / f"data_batch_{b + 1}.bin").write_bytes(records)
+    (folder / "test_batch.bin").write_bytes(b"".join(bytes([i % 10]) + bytes(3072) for i in range(10)))
+    tfds.download.DownloadManager.download_and_extract = lambda self, url: str(root)  # the shim: no download
+    data_dir = tmp / "tfds"
+    tfds.builder("cifar10", data_dir=str(data_dir)).download_and_prepare()
+    out = {}
+    for split in ("train[:90%]", "train[90%:]"):
+        ds = tfds.load("cifar10", split=split, data_dir=str(data_dir), shuffle_files=False)
+        out[split] = [int(im[0, 0, 0]) * 256 + int(im[0, 1, 0]) for im in (ex["image"].numpy() for ex in ds)]
+    return out
 
 
 def main() -> None:
@@ -183,7 +217,7 @@ def main() -> None:
                          "tensorflow_text": tensorflow_text.__version__},
             "max_length": {"listops": src.LISTOPS_MAX, "text": src.TEXT_MAX, "retrieval": src.RETRIEVAL_MAX},
             "listops": listops(lra, tmp), "text": text(lra, tmp), "retrieval": retrieval(lra, tmp),
-            "image": image(lra),
+            "image": image(lra), "cifar10_split": cifar_split(tmp),
         }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = OUT.with_suffix(".json.part")

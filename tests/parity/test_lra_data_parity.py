@@ -9,7 +9,8 @@ which LRA renames it to), labels and the padded length of `data.pad_to`; Text an
 
 Found by this test (2026-11-26) and fixed: the IMDb builder strips every review of whitespace at both ends, ours
 did not; our grey levels were round(0.2989 R + 0.5870 G + 0.1140 B), which differs from `tf.image.rgb_to_grayscale`
-(float32 scaling, truncation) on 3,809 of the miniature's 16,384 pixels.
+(float32 scaling, truncation) on 3,809 of the miniature's 16,384 pixels; our Image validation took the last 5,000
+pictures of the batch files, the reference's are the last 5,000 of TensorFlow Datasets' hash order.
 """
 
 from __future__ import annotations
@@ -117,3 +118,21 @@ def test_image_grey_levels_and_black_as_padding(theirs, tmp_path):
     ours = batch_rows(test, pad_to=1024)[0].tokens[0]  # our default: every pixel a token, black included
     assert bool((ours != 0).all()) and int(ours.min()) == 1
     assert int((grey == 0).sum()) >= 1024  # the black picture (and more): what the option masks
+
+
+def test_image_validation_pictures_are_the_references(theirs):
+    """LRA validates on `tfds.load('cifar10', split='train[90%:]')`: TensorFlow Datasets' own order of the training
+    pictures (its writer's md5 of the keys), which the fixture took from a miniature the CIFAR-10 builder prepared."""
+    served = theirs["cifar10_split"]
+    n = src.CIFAR_TRAIN
+    assert lra.tfds_order(n, "train").tolist() == served["train[:90%]"] + served["train[90%:]"]
+    x = np.zeros((n, 3072), dtype=np.uint8)
+    x[:, [0, 1024, 2048]] = np.arange(n)[:, None]  # each picture names itself in its first pixel, grey (R = G = B)
+    grey = lra.grey_levels(x)[:, 0]
+    splits = lra._image_splits({"train": (x, np.arange(n) % 10), "test": (x[:2], np.zeros(2))},
+                               n_valid=len(served["train[90%:]"]))
+    index_of = {int(g): i for i, g in enumerate(grey)}
+    assert len(index_of) == n
+    for split, name in (("valid", "train[90%:]"), ("train", "train[:90%]")):
+        got = [index_of[int(t) - 1] for t in splits[split].tokens[:, 0]]
+        assert got == served[name], split
