@@ -188,9 +188,13 @@ def cifar_split(tmp: Path) -> dict:
         records = b"".join(bytes([i % 10, i // 256, i % 256]) + bytes(3070) for i in range(b * per, (b + 1) * per))
         (folder / f"data_batch_{b + 1}.bin").write_bytes(records)
     (folder / "test_batch.bin").write_bytes(b"".join(bytes([i % 10]) + bytes(3072) for i in range(10)))
-    tfds.download.DownloadManager.download_and_extract = lambda self, url: str(root)  # the shim: no download
+    manager = tfds.download.DownloadManager
+    fetch, manager.download_and_extract = manager.download_and_extract, lambda self, url: str(root)  # the shim
     data_dir = tmp / "tfds"
-    tfds.builder("cifar10", data_dir=str(data_dir)).download_and_prepare()
+    try:
+        tfds.builder("cifar10", data_dir=str(data_dir)).download_and_prepare()
+    finally:
+        manager.download_and_extract = fetch
     out = {}
     for split in ("train[:90%]", "train[90%:]"):
         ds = tfds.load("cifar10", split=split, data_dir=str(data_dir), shuffle_files=False)
