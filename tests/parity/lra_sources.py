@@ -19,6 +19,10 @@ is made in a TensorFlow environment without torch.
 
 from __future__ import annotations
 
+import io
+import tarfile
+from pathlib import Path
+
 import numpy as np
 
 LISTOPS_MAX, TEXT_MAX, RETRIEVAL_MAX = 40, 60, 50  # max_length given to both pipelines
@@ -69,6 +73,16 @@ IMDB_REVIEWS = {
     "aclImdb/test/neg/1_4.txt": b"x" * 80 + b" end",
     "aclImdb/imdb.vocab": b"the\nand\n",
 }
+
+
+def write_tar_gz(path: Path, members: dict[str, bytes]) -> Path:
+    """A .tar.gz holding `members` (name → bytes), as the releases ship them (`aclImdb_v1.tar.gz`, CIFAR-10's)."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
 
 
 def aan_files() -> dict[str, bytes]:

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -40,6 +38,7 @@ OUT = HERE / "data" / "lra.json"
 
 
 def commit_of(checkout: Path) -> str:
+    """`tests/parity/common.py` `checkout_commit`, repeated: that module imports torch, which this environment lacks."""
     try:
         return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -103,12 +102,7 @@ def imdb_load_shim(archive: Path):
 
 
 def text(lra: Path, tmp: Path) -> dict:
-    archive = tmp / "aclImdb_v1.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for name, data in src.IMDB_REVIEWS.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    archive = src.write_tar_gz(tmp / "aclImdb_v1.tar.gz", src.IMDB_REVIEWS)
     module = pipeline(lra, "text_classification")
     load, module.tfds.load = module.tfds.load, imdb_load_shim(archive)  # the shim: no download
     try:
@@ -164,11 +158,7 @@ def image(lra: Path) -> dict:
     grey = np.stack([ex["inputs"][0].reshape(-1) for ex in rows(test)])  # cifar10.py: reshape(-1)
     assert grey.shape == (len(x), 1024) and grey.min() >= 0 and grey.max() <= 255
     return {"grey_levels_uint8_base64": base64.b64encode(grey.astype(np.uint8).tobytes()).decode(),
-            "labels": [int(v) for v in rows_labels(test)]}
-
-
-def rows_labels(ds):
-    return [ex["targets"][0] for ex in rows(ds)]
+            "labels": [int(ex["targets"][0]) for ex in rows(test)]}
 
 
 def cifar_split(tmp: Path) -> dict:

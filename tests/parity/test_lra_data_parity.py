@@ -16,10 +16,8 @@ pictures of the batch files, the reference's are the last 5,000 of TensorFlow Da
 from __future__ import annotations
 
 import base64
-import io
 import json
 import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -60,17 +58,8 @@ def test_listops(theirs, tmp_path):
     assert any(len(e["tokens"]) == src.LISTOPS_MAX for e in theirs["listops"]["test"])  # a truncated tree
 
 
-def _imdb_archive(path: Path) -> Path:
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in src.IMDB_REVIEWS.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
 def test_text(theirs, tmp_path):
-    splits = lra._text_splits(lra.read_imdb(_imdb_archive(tmp_path / "aclImdb_v1.tar.gz")), src.TEXT_MAX)
+    splits = lra._text_splits(lra.read_imdb(src.write_tar_gz(tmp_path / "aclImdb_v1.tar.gz", src.IMDB_REVIEWS)), src.TEXT_MAX)
     for s in SPLITS:
         ours = [{"ids": [i for i in b.tokens[0].tolist() if i], "label": int(b.labels[0]),
                  "length": b.tokens.shape[1]}
@@ -94,14 +83,9 @@ def test_retrieval(theirs, tmp_path):
 def _cifar_archive(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     """cifar-10-python.tar.gz with every miniature picture in test_batch (the reference keeps its order) and one
     in each training batch."""
-    with tarfile.open(path, "w:gz") as tar:
-        for name, (xs, ys) in {**{f"data_batch_{i}": (x[i - 1: i], y[i - 1: i]) for i in range(1, 6)},
-                               "test_batch": (x, y)}.items():
-            data = pickle.dumps({b"data": xs, b"labels": [int(v) for v in ys]})
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    batches = {**{f"data_batch_{i}": (x[i - 1: i], y[i - 1: i]) for i in range(1, 6)}, "test_batch": (x, y)}
+    return src.write_tar_gz(path, {f"cifar-10-batches-py/{name}": pickle.dumps({b"data": xs, b"labels": ys.tolist()})
+                                   for name, (xs, ys) in batches.items()})
 
 
 def test_image_grey_levels_and_black_as_padding(theirs, tmp_path):
