@@ -572,3 +572,31 @@ def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
     assert done == steps
     for (name, a), b in zip(module.model.state_dict().items(), ref.model.state_dict().values()):
         assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_memory_parameters_get_their_own_rate_and_the_decay_spans_one_epoch(dog):
+    """`optim.lr_memory` (the official run_clm Trainer's `learning_rate_ltm`): the memory's parameters, and only
+    they, in a second AdamW group at that rate without weight decay; with no `max_steps` the linear decay spans
+    the `max_epochs` epochs of training batches (the Trainer's `num_train_epochs`), reaching 0 at their end."""
+    dm = _dm(dog)
+    L.seed_everything(3)
+    module = GPT2MemoryLM(model={"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 32, "dropout": 0.0},
+                          memory_hook={"kind": "ltm", "args": LTM_ARGS},
+                          optim={"lr": 1e-3, "lr_memory": 5e-3, "weight_decay": 0.1}, n_token=dm.vocab_size)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu", use_distributed_sampler=False,
+                        limit_val_batches=0)
+    trainer.fit(module, datamodule=dm)
+    n_batches = sum(1 for _ in dm.train_dataloader())
+    assert n_batches > 2 and trainer.global_step == n_batches
+    opt = trainer.optimizers[0]
+    memory = {n for n, _ in module.named_parameters() if ".attn.memory." in n}
+    by_id = {id(p): n for n, p in module.named_parameters()}
+    rest, mem = opt.param_groups
+    assert {by_id[id(p)] for p in mem["params"]} == memory and memory
+    assert not memory & {by_id[id(p)] for p in rest["params"]}
+    assert len(rest["params"]) + len(mem["params"]) == len(by_id)
+    assert (rest["initial_lr"], rest["weight_decay"], mem["initial_lr"], mem["weight_decay"]) == (1e-3, 0.1, 5e-3, 0.0)
+    sched = trainer.lr_scheduler_configs[0].scheduler
+    assert sched.lr_lambdas[0](0) == 1.0 and sched.lr_lambdas[0](n_batches - 1) == pytest.approx(1 / n_batches)
+    assert sched.get_last_lr() == [0.0, 0.0]  # decayed to 0 at the end of the epoch

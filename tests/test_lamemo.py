@@ -413,6 +413,21 @@ def test_paper_configs_match_the_base_models_in_size(root, monkeypatch):
         assert lam["lamemo"] == {"look_ahead": True, "variant": "disentangled"}
 
 
+@pytest.mark.parametrize("h, e", [(10, 41), (8, 64)])  # the WikiText-103 and enwik8/text8 paper shapes
+def test_look_ahead_biases_start_xavier_uniform_and_u_v_normal_as_the_reference(h, e):
+    """The reference draws u, v, v₊ (and u₊) Xavier-uniform in `_create_params`, then its `weights_init` redraws u
+    and v only, as N(0, init_std) (train_ddp.py's `TransformerLM` branch): v₊ and u₊ keep U(±√(6/(H+E)))."""
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(n_layer=1, d_model=h * e, n_head=h, d_head=e, d_inner=16, n_token=V)
+    m = LaMemo(cfg, LaMemoConfig(variant="disentangled_v2"))
+    bound = math.sqrt(6 / (h + e))
+    for p in (m.r_r_bias_future, m.r_w_bias_future):
+        assert p.shape == (h, e) and p.abs().max() <= bound and p.abs().max() > 0.95 * bound
+        assert abs(p.std().item() / (bound / math.sqrt(3)) - 1) < 0.15  # the uniform's standard deviation
+    for p in (m.r_w_bias, m.r_r_bias):
+        assert abs(p.std().item() / cfg.init_std - 1) < 0.15 and p.abs().max() < 6 * cfg.init_std
+
+
 def test_tiny_configs_pair_lamemo_with_its_baseline(root, monkeypatch):
     from repro.cli.commands import describe_configs
 

@@ -143,3 +143,35 @@ def test_official_initialisation_statistics():
     assert abs(ln.mean().item() - 1.0) < 0.01 and abs(ln.std().item() - 0.02) < 0.005
     assert model.layers[0].ff.net[0].bias.abs().max() == 0
     assert abs(model.r_w_bias.std().item() - 0.02) < 0.005
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_attention_output_dropout_can_be_off_as_in_the_infinity_former_sorting_code(pre_lnorm):
+    """`attn_out_dropout: false` (the ∞-former's sorting attention: o_net(vec) added to the residual undropped):
+    in training, a layer equals the residual of the undropped attention with only the feed-forward's dropout drawn
+    (same seed); with the default (the reference Transformer-XL's `self.drop(attn_out)`) it does not."""
+    def run(attn_out_dropout):
+        torch.manual_seed(0)
+        cfg = TransformerXLConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=11, dropout=0.5,
+                                  pre_lnorm=pre_lnorm, attn_out_dropout=attn_out_dropout)
+        layer = TransformerXL(cfg).layers[0].train()
+        h = torch.randn(2, 5, 16)
+        mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)
+        pos = (torch.randn(5, 16), torch.randn(2, 8), torch.randn(2, 8))
+        torch.manual_seed(1)
+        out, _ = layer(h, mem_BMD=None, mask_TK=mask, pos=pos)
+        torch.manual_seed(1)
+        if pre_lnorm:
+            a, _ = layer.attn(layer.attn_norm(h), mem_BMD=None, mask_TK=mask, pos=pos)
+            mid = h + a
+            expect = mid + layer.ff(layer.ff_norm(mid))
+        else:
+            a, _ = layer.attn(h, mem_BMD=None, mask_TK=mask, pos=pos)
+            mid = layer.attn_norm(h + a)
+            expect = layer.ff_norm(mid + layer.ff(mid))
+        return out, expect
+
+    out, expect = run(False)
+    assert_close(out, expect)
+    out, expect = run(True)
+    assert (out - expect).abs().max() > 1e-2  # far beyond assert_close's tolerance

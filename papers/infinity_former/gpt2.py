@@ -22,15 +22,15 @@ The model is assembled from four files:
 Deviations from the official code (deep-spin/infinite-former `finetune_gpt2`, `document_grounded_generation`):
 - targets are the inputs shifted by one across block boundaries, so the first token of every block is
   predicted from the block before; the official `run_clm` / `DoGDataset` score each block on its own;
-- AdamW and a linear decay to 0 over `trainer.max_steps` (the official: the same, over 3 epochs) — see
-  `FinetuneOptim`;
 - the official GPT-2 attention applied one dropout to `c_proj(a) + Z`; here GPT-2's own attention output is
   dropped out inside `transformers` and `Z` gets its own dropout mask (same rate).
 
 Official details matched through settings (the paper configs set them; see README "GPT-2 parity"): σ² ≥ 1e-4
 (`ltm.min_var`), what the memory stores (`memory_hook.stores`), the language-modelling code's μ term of the KL
-(`ltm.mu_0` = −1), N(0, 0.02) for the LTM's linear maps (`ltm.init_std`), and for dialogue one optimiser step per
-conversation after back-propagating and clipping each piece (`optim.step_per: conversation`, `optim.clip`).
+(`ltm.mu_0` = −1), N(0, 0.02) for the LTM's linear maps (`ltm.init_std`), for language modelling the memory's own
+learning rate (`optim.lr_memory` 2.5e-4) and a linear decay over one epoch (`trainer.max_epochs: 1`, no
+`max_steps`), and for dialogue one optimiser step per conversation after back-propagating and clipping each piece
+(`optim.step_per: conversation`, `optim.clip`) with `transformers.AdamW`'s ε 1e-6 (`optim.eps`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,11 @@ class GPT2Settings:
 
 @dataclass(frozen=True)
 class FinetuneOptim:
-    """AdamW with a linear decay to 0 over `trainer.max_steps` (the official fine-tuning: lr 5e-5).
+    """AdamW with a linear decay to 0 over the run's optimiser steps: `trainer.max_steps`, or where that is unset
+    (−1) the `trainer.max_epochs` epochs of the training data (the official language-modelling fine-tuning: lr
+    5e-5 over one epoch). `lr_memory` puts the memory's parameters (the LTM's, or the compressive memory's) in a
+    group of their own at that rate, without weight decay, as the official `run_clm.py` Trainer does
+    (`learning_rate_ltm`, default 2.5e-4; its dialogue `train.py` keeps one rate: `--lr_ltm 0`). None: `lr`.
 
     `step_per: conversation` reproduces the official dialogue loop (`document_grounded_generation/train.py`,
     `update`): each piece of a conversation is back-propagated (its mean NLL + λ_KL·KL, not divided by the number
@@ -79,6 +83,7 @@ class FinetuneOptim:
     counts conversations. `step_per: piece` steps after every batch (Lightning's loop, `trainer.gradient_clip_val`)."""
 
     lr: float = 5e-5
+    lr_memory: float | None = None
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -90,6 +95,8 @@ class FinetuneOptim:
     def __post_init__(self):
         if self.step_per not in ("piece", "conversation"):
             raise ValueError(f"optim.step_per is piece | conversation, got {self.step_per!r}")
+        if self.lr_memory is not None and self.lr_memory < 0:
+            raise ValueError(f"optim.lr_memory must be >= 0 (or null: optim.lr), got {self.lr_memory}")
         if self.clip is not None and (self.clip <= 0 or self.step_per != "conversation"):
             raise ValueError("optim.clip (> 0) is for step_per: conversation; with step_per: piece use "
                              "trainer.gradient_clip_val")
@@ -415,11 +422,27 @@ class GPT2MemoryLM(SegmentLM):
 
     def configure_optimizers(self):
         o = self.finetune
-        opt = torch.optim.AdamW(self.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+        groups: list[dict] = [{"params": list(self.parameters())}]
+        if o.lr_memory is not None:
+            memory = {id(p) for m in self.model.modules() if isinstance(m, MemoryAttention)
+                      for p in m.memory.parameters()}
+            groups = [{"params": [p for p in self.parameters() if id(p) not in memory]},
+                      {"params": [p for p in self.parameters() if id(p) in memory], "lr": o.lr_memory,
+                       "weight_decay": 0.0}]
+            groups = [g for g in groups if g["params"]]
+        opt = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                 foreach=True)  # the same numbers as the per-parameter loop, fewer ops
         max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
-        if o.schedule == "linear" and max_steps <= 0:
-            raise ValueError("the linear schedule decays over trainer.max_steps: set --trainer.max_steps")
+        if max_steps <= 0 and o.schedule == "linear":
+            # one epoch (or max_epochs) of the training data, as the official Trainer's horizon
+            total = self.trainer.estimated_stepping_batches
+            if not math.isfinite(total) or total <= 0:
+                raise ValueError("the linear schedule decays over the run's steps: set --trainer.max_steps or "
+                                 "--trainer.max_epochs")
+            if not self.automatic_optimization:  # one step per conversation: count conversations
+                raise ValueError("optim.step_per: conversation decays over trainer.max_steps (conversations): "
+                                 "set --trainer.max_steps")
+            max_steps = int(total)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: o.factor(s, max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 

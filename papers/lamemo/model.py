@@ -46,8 +46,6 @@ Where this differs from the reference (and why):
   reference computes both; the outputs and the next memory are the same.
 - Memory states are batch-first tensors, one list: [embedding memory (B, M, D)] + per layer [attention vectors
   (B, M, H, E), log-normalisers (B, M, H) float32], so checkpoints and DDP re-sharding carry them unchanged.
-- Biases (u, v, v₊, u₊) are initialised N(0, 0.02) as the backbone's Transformer-XL; the reference uses Xavier
-  uniform for them.
 - With `look_ahead: false` the model is the backbone's Transformer-XL exactly (same state dict, same outputs);
   the reference's attn_type 0 is the original Transformer-XL code.
 """
@@ -254,10 +252,12 @@ class LaMemo(TransformerXL):
         self.__dict__["_lamemo"] = lamemo  # read by make_attention during the backbone's construction
         super().__init__(cfg)
         self.lamemo = lamemo
+        # Xavier uniform, as the reference leaves them: its `weights_init` redraws u and v as N(0, init_std)
+        # (the backbone's init, ours too) but not the look-ahead biases (train_ddp.py, `weights_init`)
         if lamemo.look_ahead and lamemo.variant in ("disentangled", "disentangled_v2", "full"):
-            self.r_r_bias_future = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head).normal_(0.0, cfg.init_std))
+            self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
         if lamemo.look_ahead and lamemo.variant == "disentangled_v2":
-            self.r_w_bias_future = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head).normal_(0.0, cfg.init_std))
+            self.r_w_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
 
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
         lamemo: LaMemoConfig = self.__dict__["_lamemo"]

@@ -58,6 +58,9 @@ class TransformerXLConfig:
     attention: Literal["relative", "absolute"] = "relative"
     init_std: float = 0.02  # normal(0, 0.02) for weights, u and v; LayerNorm weights normal(1, 0.02)
     proj_init_std: float = 0.01  # adaptive input/softmax projections
+    # dropout on the attention's output before the residual (the reference's `attn_out = self.drop(attn_out)`);
+    # the ∞-former's sorting code (its fork of the relative attention) has none: its paper configs set false
+    attn_out_dropout: bool = True
 
     def __post_init__(self):
         for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "div_val"):
@@ -88,7 +91,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = attn
         self.attn_norm = nn.LayerNorm(cfg.d_model)
-        self.drop = Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout) if cfg.attn_out_dropout else nn.Identity()
         self.ff = PositionwiseFF(d_model=cfg.d_model, d_inner=cfg.d_inner, dropout=cfg.dropout)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.pre_lnorm = cfg.pre_lnorm
