@@ -297,6 +297,35 @@ def test_padded_pooling_is_the_reference_mean_over_the_padded_length():
         LRAConfig(pooling="sum")
 
 
+@pytest.mark.parametrize("variant", ["softmax2", "mgk1", "linear2"])
+def test_attention_fp32_runs_each_attention_in_float32_under_bf16_autocast(variant):
+    """`attention_fp32` (the reference's `lra/attention.py`: autocast off, Q, K, V in float32): under bf16 autocast
+    each layer's attention output is the float32 model's for the same layer input, bit for bit; without it, bf16."""
+    torch.manual_seed(0)
+    cfg = LRAConfig(n_token=20, num_classes=3, max_len=64, d_model=32, d_inner=48, d_head=16, attention_fp32=True)
+    model = LRAClassifier(cfg, Variant.parse(variant)).eval()
+    with torch.no_grad():  # weights far from their small initial values, so that bf16's rounding shows
+        for p in model.parameters():
+            p.mul_(10)
+    x = torch.randint(1, 20, (2, 64))
+    seen = {}
+    layer = model.encoder.layers[0]
+    layer.attn.register_forward_hook(lambda m, i, o: seen.setdefault("a", []).append((i[0], o[0])))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    (h, a), = seen.pop("a")
+    assert h.dtype == a.dtype == torch.float32
+    assert torch.equal(a, layer.attn(h, mem_BMD=None, mask_TK=torch.zeros(2, 1, 1, 64, dtype=torch.bool))[0])
+    layer.attention_fp32 = False
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    (h, a), = seen.pop("a")
+    assert a.dtype == torch.bfloat16
+    assert (a.float() - layer.attn(h.float(), mem_BMD=None, mask_TK=torch.zeros(2, 1, 1, 64, dtype=torch.bool))[0]
+            ).abs().max() > 1e-2
+
+
 def test_variants_parse_and_build():
     assert Variant.parse("smgk4_softe") == Variant("smgk", 4, "soft_em")
     for bad in ("mgk", "softmax2_softe", "mgk0", "mlk2_harde"):

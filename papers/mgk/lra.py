@@ -107,6 +107,9 @@ class LRAConfig:
     # real: the mean over a document's real tokens; padded: the reference's (pads zeroed after the final LayerNorm,
     # then the mean over every position, pads included: with its fixed padded length, data.pad_to)
     pooling: str = "real"
+    # True: each layer's attention (its projections included) runs in float32 with autocast off, as the reference's
+    # `lra/attention.py` runs its attention core (Q, K, V cast to float32) under its fp16 training
+    attention_fp32: bool = False
 
     def __post_init__(self):
         if self.form not in ("ours", "official"):
@@ -127,9 +130,15 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_inner), nn.GELU(), nn.Dropout(cfg.dropout),
                                  nn.Linear(cfg.d_inner, cfg.d_model), nn.Dropout(cfg.dropout))
+        self.attention_fp32 = cfg.attention_fp32
 
     def forward(self, x_BTD: torch.Tensor, pad_B11K: torch.Tensor) -> torch.Tensor:
-        a, _ = self.attn(self.norm1(x_BTD), mem_BMD=None, mask_TK=pad_B11K)
+        h = self.norm1(x_BTD)
+        if self.attention_fp32 and torch.is_autocast_enabled(h.device.type):
+            with torch.autocast(h.device.type, enabled=False):
+                a, _ = self.attn(h.float(), mem_BMD=None, mask_TK=pad_B11K)
+        else:
+            a, _ = self.attn(h, mem_BMD=None, mask_TK=pad_B11K)
         x_BTD = x_BTD + self.drop(a)
         return x_BTD + self.mlp(self.norm2(x_BTD))
 
