@@ -156,8 +156,9 @@ def test_ltm_behind_the_hook_threshold_sticky_state_and_gradients():
         assert_close(absorbed, m(x, mems)[0])
 
 
-def test_pretrained_weights_are_copied_in_with_new_token_rows_and_memories(tmp_path):
-    """The paper path (`pretrained: gpt2`) with a checkpoint saved here: same logits on the base vocabulary."""
+def test_pretrained_weights_are_copied_in_with_new_token_rows_and_memories(tmp_path, capfd):
+    """The paper path (`pretrained: gpt2`) with a checkpoint saved here: same logits on the base vocabulary; the
+    library's "Loading weights" progress bar stays off the terminal."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(1)
@@ -166,7 +167,9 @@ def test_pretrained_weights_are_copied_in_with_new_token_rows_and_memories(tmp_p
     src.save_pretrained(tmp_path / "ckpt")
     settings = GPT2Settings(pretrained=str(tmp_path / "ckpt"), dropout=0.0)
     m = GPT2WithMemory(settings, MemoryHook(kind="window", layers=(1,), args={"mem_len": 8}), V + 6).eval()
+    capfd.readouterr()
     m.load_pretrained()
+    assert "Loading weights" not in capfd.readouterr().err
     x = torch.randint(0, V, (1, 12))
     h, mems = m(x, None)
     assert_close(m.logits(h)[..., :V], src(input_ids=x).logits)

@@ -36,6 +36,7 @@ learning rate (`optim.lr_memory` 2.5e-4) and a linear decay over one epoch (`tra
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -175,6 +176,10 @@ class GPT2WithMemory(nn.Module):
 
         name = self.settings.pretrained
         offline = not Path(name).is_dir() and hub_offline()  # fail at once, not after the hub's retries
+        if not os.environ.get("REPRO_VERBOSE"):  # transformers' "Loading weights" bar: two lines per run in the logs
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         try:
             src = GPT2LMHeadModel.from_pretrained(name, local_files_only=offline).state_dict()
         except Exception as err:
