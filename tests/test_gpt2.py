@@ -603,3 +603,53 @@ def test_memory_parameters_get_their_own_rate_and_the_decay_spans_one_epoch(dog)
     sched = trainer.lr_scheduler_configs[0].scheduler
     assert sched.lr_lambdas[0](0) == 1.0 and sched.lr_lambdas[0](n_batches - 1) == pytest.approx(1 / n_batches)
     assert sched.get_last_lr() == [0.0, 0.0]  # decayed to 0 at the end of the epoch
+
+
+def test_official_memory_reset_keeps_only_the_second_of_three_pieces(dog):
+    """`generation.official_memory_reset` (the official `sample_sequence` passes `new_doc=True` at its first drawn
+    token when its context loop ended at i ≤ 1): with three context pieces the memory holds the second piece alone
+    (its states as computed with the first in memory); with two or four pieces nothing changes."""
+    from papers.infinity_former.dialogue_generation import GenerationSettings
+    from repro.text.dialogue import pieces_from_end
+
+    dm = _dm(dog)
+    dm.setup()
+    torch.manual_seed(0)
+    module = GPT2MemoryLM(model=SMALL.__dict__, memory_hook={"kind": "window", "args": {"mem_len": 1024}},
+                          generation={"max_tokens": 1}, n_token=dm.vocab_size)
+    for mem in module.model.memories.values():
+        torch.nn.init.normal_(mem.out.weight, std=0.5)
+    module.eval()
+    ex = max(dm.response_examples(), key=lambda e: len(e.context))
+    assert len(ex.context) >= 100
+    stop = {dm.tokenizer.id("<eos>")}
+    seen = []
+    logits = module.model.logits
+    module.model.logits = lambda h: seen.append(logits(h)) or seen[-1]
+
+    def first_logits(n, reset):
+        module.generation = GenerationSettings(max_tokens=1, official_memory_reset=reset)
+        seen.clear()
+        module.respond(ex.context[-n:], ex.context_types[-n:], stop=stop, generator=torch.Generator().manual_seed(0),
+                       block=32, responder_type=ex.context[-1])
+        return seen[0]
+
+    for n, pieces in ((50, 2), (80, 3), (100, 4)):
+        assert len(pieces_from_end(n, 32, last=30)) == pieces
+    assert_close(first_logits(50, True), first_logits(50, False))
+    assert_close(first_logits(100, True), first_logits(100, False))
+    reset = first_logits(80, True)
+    assert (reset - first_logits(80, False)).abs().max() > 1e-3
+    # by hand: the first piece fills the memory, the second runs with it; then a window holding only the second
+    # piece's block inputs (the window memory keeps what it is given) serves the last piece
+    m = module.model
+    ids = torch.tensor(ex.context[-80:])[None]
+    typ = torch.tensor(ex.context_types[-80:])[None]
+    with torch.no_grad():
+        _, m0 = m(ids[:, :18], None, types=typ[:, :18])
+        _, m1 = m(ids[:, 18:50], m0, types=typ[:, 18:50])
+        _, pending = m._unflatten(m1)
+        only_second = m._flatten({l: {"x": m._memory_input(l, pending[l])} for l in m.layers},
+                                 {l: pending[l][:, :0] for l in m.layers})
+        h, _ = m(ids[:, 50:], only_second, types=typ[:, 50:])
+    assert_close(reset, logits(h[0, -1]).float())

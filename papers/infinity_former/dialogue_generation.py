@@ -9,7 +9,8 @@ as their first argument and read its `generation`, `model`, `device` and `traine
 Follows the official `document_grounded_generation/eval.py` (`sample_sequence`, the response loop, the text
 cleaning and the metrics); our protocol differs where `GenerationSettings` says so, and each official behaviour is
 an option the paper configs set (README "Evaluation protocol (Table 2)"): stopping at a speaker token, token types
-while sampling, the trimmed reference, how the first token avoids the special tokens. Unlike the official loop,
+while sampling, the trimmed reference, how the first token avoids the special tokens, the memory's reset before a
+three-piece context's response. Unlike the official loop,
 every response draws from its own generator (seeded by `generation.seed` and its index), so responses do not
 depend on the number of DDP ranks.
 """
@@ -52,6 +53,11 @@ class GenerationSettings:
     # that or when the nucleus holds it alone (a kept speaker token is stripped from the text, another one ends
     # the response empty)
     first_special: Literal["ban", "redraw"] = "ban"
+    # True: the official `sample_sequence`'s memory: it passes `new_doc=True` at the first drawn token when its
+    # context loop ended at i ≤ 1, which empties the long-term memory before it takes in the last context piece
+    # fed; with three pieces the memory then holds only the second (the document's start is gone), with two it
+    # holds the first (as ours), with more all of them (as ours). False: every earlier piece stays in memory
+    official_memory_reset: bool = False
 
     def __post_init__(self):
         if self.first_special not in ("ban", "redraw"):
@@ -90,6 +96,8 @@ def respond(lm, context: list[int], types: list[int], *, stop: set[int], generat
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)))
             for a, b in spans[:-1]:
                 _, mems = lm.model(ids[None, a:b], mems, types=typ[None, a:b])
+            if g.official_memory_reset and len(spans) == 3:
+                mems = lm.model.forget(mems)  # the official new_doc: only the second piece stays (see the setting)
             mems = lm.model.absorb(mems)  # refit once, not at every drawn token
     a, b = spans[-1]
 

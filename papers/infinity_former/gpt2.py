@@ -273,6 +273,17 @@ class GPT2WithMemory(nn.Module):
             return self.lm.transformer.h[layer].ln_1(x_BLD)
         return x_BLD
 
+    def forget(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        """The memory emptied of what it absorbed, its pending block kept (the next `absorb` or block fits only
+        that block): the official dialogue sampling's `new_doc` at its first drawn token (`dialogue_generation`)."""
+        if mems is None or not self.layers:
+            return mems
+        states, pending = self._unflatten(mems)
+        for l in self.layers:
+            p = pending[l]
+            states[l] = self.memories[str(l)].init_state(p.shape[0], p.device, p.dtype)
+        return self._flatten(states, pending)
+
     def absorb(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
         """The memory with its pending block absorbed (generation reuses it for every new token)."""
         if mems is None or not self.layers:
