@@ -10,9 +10,8 @@ Follows the official `document_grounded_generation/eval.py` (`sample_sequence`, 
 cleaning and the metrics); our protocol differs where `GenerationSettings` says so, and each official behaviour is
 an option the paper configs set (README "Evaluation protocol (Table 2)"): stopping at a speaker token, token types
 while sampling, the trimmed reference, how the first token avoids the special tokens, the memory's reset before a
-three-piece context's response. Unlike the official loop,
-every response draws from its own generator (seeded by `generation.seed` and its index), so responses do not
-depend on the number of DDP ranks.
+three-piece context's response. Unlike the official loop, every response draws from its own generator (seeded by
+`generation.seed` and its index), so responses do not depend on the number of DDP ranks.
 """
 
 from __future__ import annotations
