@@ -387,15 +387,20 @@ def test_dialogue_finetune_test_and_generation(dog, tmp_path):
     assert [r["prediction"] for r in module.generated] == first
 
 
-def test_respond_reads_the_memory_of_the_earlier_pieces(dog):
+def _window_responder(dog, max_tokens):
+    """A dialogue model with a window memory whose output weights are large enough for the memory to show."""
     dm = _dm(dog)
     dm.setup()
     torch.manual_seed(0)
     module = GPT2MemoryLM(model=SMALL.__dict__, memory_hook={"kind": "window", "args": {"mem_len": 1024}},
-                          generation={"max_tokens": 4}, n_token=dm.vocab_size)
+                          generation={"max_tokens": max_tokens}, n_token=dm.vocab_size)
     for mem in module.model.memories.values():
         torch.nn.init.normal_(mem.out.weight, std=0.5)
-    module.eval()
+    return dm, module.eval()
+
+
+def test_respond_reads_the_memory_of_the_earlier_pieces(dog):
+    dm, module = _window_responder(dog, 4)
     ex = dm.response_examples()[0]
     assert len(ex.context) > 2 * 32  # the context spans several pieces
     stop = {dm.tokenizer.id("<eos>")}
@@ -612,14 +617,7 @@ def test_official_memory_reset_keeps_only_the_second_of_three_pieces(dog):
     from papers.infinity_former.dialogue_generation import GenerationSettings
     from repro.text.dialogue import pieces_from_end
 
-    dm = _dm(dog)
-    dm.setup()
-    torch.manual_seed(0)
-    module = GPT2MemoryLM(model=SMALL.__dict__, memory_hook={"kind": "window", "args": {"mem_len": 1024}},
-                          generation={"max_tokens": 1}, n_token=dm.vocab_size)
-    for mem in module.model.memories.values():
-        torch.nn.init.normal_(mem.out.weight, std=0.5)
-    module.eval()
+    dm, module = _window_responder(dog, 1)
     ex = max(dm.response_examples(), key=lambda e: len(e.context))
     assert len(ex.context) >= 100
     stop = {dm.tokenizer.id("<eos>")}
