@@ -651,3 +651,17 @@ def test_official_memory_reset_keeps_only_the_second_of_three_pieces(dog):
                                  {l: pending[l][:, :0] for l in m.layers})
         h, _ = m(ids[:, 50:], only_second, types=typ[:, 50:])
     assert_close(reset, logits(h[0, -1]).float())
+
+
+def test_a_per_conversation_schedule_needs_max_steps(dog):
+    """One optimiser step per conversation: Lightning's epoch length counts pieces, so the decay's horizon must be
+    given in conversations (`trainer.max_steps`); without it the fit stops at once, saying so."""
+    dm = _dm(dog)
+    module = GPT2MemoryLM(model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32, "dropout": 0.0},
+                          memory_hook={"kind": "ltm", "args": LTM_ARGS},
+                          optim={"lr": 1e-3, "step_per": "conversation", "clip": 1.0}, n_token=dm.vocab_size)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu", use_distributed_sampler=False,
+                        limit_val_batches=0)
+    with pytest.raises(ValueError, match="set --trainer.max_steps"):
+        trainer.fit(module, datamodule=dm)

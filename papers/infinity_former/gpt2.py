@@ -450,14 +450,14 @@ class GPT2MemoryLM(SegmentLM):
                                 foreach=True)  # the same numbers as the per-parameter loop, fewer ops
         max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
         if max_steps <= 0 and o.schedule == "linear":
+            if not self.automatic_optimization:  # one step per conversation: Lightning counts pieces, not those
+                raise ValueError("optim.step_per: conversation decays over trainer.max_steps (conversations): "
+                                 "set --trainer.max_steps")
             # one epoch (or max_epochs) of the training data, as the official Trainer's horizon
             total = self.trainer.estimated_stepping_batches
             if not math.isfinite(total) or total <= 0:
                 raise ValueError("the linear schedule decays over the run's steps: set --trainer.max_steps or "
                                  "--trainer.max_epochs")
-            if not self.automatic_optimization:  # one step per conversation: count conversations
-                raise ValueError("optim.step_per: conversation decays over trainer.max_steps (conversations): "
-                                 "set --trainer.max_steps")
             max_steps = int(total)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: o.factor(s, max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
