@@ -308,17 +308,18 @@ def test_attention_fp32_runs_each_attention_in_float32_under_bf16_autocast(varia
         for p in model.parameters():
             p.mul_(10)
     x = torch.randint(1, 20, (2, 64))
+    device = x.device.type  # the test device's autocast (REPRO_TEST_DEVICE): its attention_fp32 branch runs there
     seen = {}
     layer = model.encoder.layers[0]
     layer.attn.register_forward_hook(lambda m, i, o: seen.setdefault("a", []).append((i[0], o[0])))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         model(x)
     (h, a), = seen.pop("a")
     assert h.dtype == a.dtype == torch.float32
     assert torch.equal(a, layer.attn(h, mem_BMD=None, mask_TK=torch.zeros(2, 1, 1, 64, dtype=torch.bool))[0])
     layer.attention_fp32 = False
     seen.clear()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         model(x)
     (h, a), = seen.pop("a")
     assert a.dtype == torch.bfloat16
