@@ -345,15 +345,52 @@ def test_variants_parse_and_build():
     assert n["mgk4"] - official == 2 * (8 - 2)  # official: one clamped π pair per layer
 
 
+def test_one_cycle_warm_up_outside_its_range_is_refused_in_one_line():
+    """OneCycleLR divides by warmup_steps - 1 (a ZeroDivisionError deep in torch at 1): refused with the range."""
+    from types import SimpleNamespace
+
+    from papers.mgk.lra import LRAModule
+
+    for warmup, ok in ((1, False), (2, True), (9, True), (10, False)):
+        m = LRAModule(model={"n_token": 10, "max_len": 8}, optim={"warmup_steps": warmup})
+        m._trainer = SimpleNamespace(max_steps=10)
+        if ok:
+            assert m.configure_optimizers()["lr_scheduler"]["scheduler"].total_steps == 10
+        else:
+            with pytest.raises(ValueError, match=r"warmup_steps must lie in \[2, max_steps = 10\)"):
+                m.configure_optimizers()
+
+
 def test_saved_activation_bytes_counts_each_storage_once():
     from papers.mgk.efficiency import saved_activation_bytes
 
     x = torch.randn(100, requires_grad=True)
-    saved, _ = saved_activation_bytes(lambda: (x * x).sum())
-    assert saved == 400  # x (100 float32), saved once although used twice
+    assert saved_activation_bytes(lambda: (x * x).sum()) == 400  # x (100 float32), saved once although used twice
     y = torch.randn(10, 20, requires_grad=True)
-    saved, _ = saved_activation_bytes(lambda: (y @ y.t()).exp().sum())
+    saved = saved_activation_bytes(lambda: (y @ y.t()).exp().sum())
     assert saved == 10 * 20 * 4 + 10 * 10 * 4  # y for the product; exp's output for its backward
+
+
+def test_saved_activation_bytes_leaves_no_saved_tensor_alive():
+    """exp saves its own output for backward: a pack hook returning that tensor made a cycle autograd's graph
+    holds and Python's collector cannot free (found on the GPU: the leaked attention maps of each measurement
+    showed in the next one's CUDA peak)."""
+    import gc
+    import weakref
+
+    from papers.mgk.efficiency import saved_activation_bytes
+
+    y = torch.randn(10, 20, requires_grad=True)
+    out = []
+
+    def fn():
+        e = (y @ y.t()).exp()
+        out.append(weakref.ref(e))
+        return e.sum()
+
+    assert saved_activation_bytes(fn) == 10 * 20 * 4 + 10 * 10 * 4
+    gc.collect()
+    assert out[0]() is None
 
 
 def test_tiny_lra_fit_through_the_cli(tmp_path, monkeypatch, root):

@@ -30,21 +30,29 @@ DEFAULT_VARIANTS = ("softmax8", "mgk4", "smgk4", "linear8", "mlk4")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 
 
-def saved_activation_bytes(fn):
-    """(bytes autograd saves for backward while `fn()` runs, every storage counted once; fn's result)."""
+def saved_activation_bytes(fn) -> int:
+    """Bytes autograd saves for backward while `fn()` runs, every storage counted once. fn's result is dropped and
+    cannot be backpropagated: the hooks keep no saved tensor. (A pack hook that returns the tensor itself ties each
+    op's saved output to that op's own graph node, a cycle inside autograd that Python's collector cannot see: every
+    call leaked its saved outputs — the attention maps — and inflated the CUDA peaks measured after it.)"""
     seen: dict[int, int] = {}
+    alive = []  # every saved tensor lives until fn returns, as in a real forward: no address is reused meanwhile
 
-    def pack(t: torch.Tensor):
+    def pack(t: torch.Tensor) -> None:
+        alive.append(t)
         try:
             st = t.untyped_storage()
             seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
         except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. meta, sparse)
             pass
-        return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(seen.values()), out
+    def unpack(_) -> torch.Tensor:
+        raise RuntimeError("saved_activation_bytes keeps no saved tensor: its result cannot be backpropagated")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        fn()
+    del alive
+    return sum(seen.values())
 
 
 def measure(variant: str, length: int, *, batch_size: int = 4, steps: int = 3, warmup: int = 1,
@@ -74,8 +82,7 @@ def measure(variant: str, length: int, *, batch_size: int = 4, steps: int = 3, w
         loss_fn().backward()
     flops_train = fc.get_total_flops()
     opt.zero_grad(set_to_none=True)
-    saved, loss = saved_activation_bytes(loss_fn)
-    del loss
+    saved = saved_activation_bytes(loss_fn)
 
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -294,8 +294,8 @@ class LRAModule(L.LightningModule):
         total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
         if total <= 0:
             raise ValueError("the one-cycle schedule spans trainer.max_steps: set --trainer.max_steps")
-        if not 0 < self.optim.warmup_steps < total:
-            raise ValueError(f"optim.warmup_steps must lie in (0, max_steps = {total}), got {self.optim.warmup_steps}")
+        if not 1 < self.optim.warmup_steps < total:  # OneCycleLR divides by warmup_steps - 1
+            raise ValueError(f"optim.warmup_steps must lie in [2, max_steps = {total}), got {self.optim.warmup_steps}")
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.optim.lr, total_steps=total,
                                                     pct_start=self.optim.warmup_steps / total,
                                                     anneal_strategy="linear")

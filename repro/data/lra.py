@@ -665,7 +665,7 @@ def _collate(split: Split, *, pad_to: int | None = None, black_is_padding: bool 
         return t
 
     def collate(idx: list[int]) -> Batch:
-        i = torch.as_tensor(idx)
+        i = torch.as_tensor(idx, device=split.labels.device)  # the split's device, whatever the default device
         t2 = cut(split.tokens2, split.lengths2, i) if split.tokens2 is not None else None
         return Batch(cut(split.tokens, split.lengths, i), split.labels[i], t2)
 
