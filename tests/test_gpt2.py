@@ -584,7 +584,8 @@ def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
 
 def test_memory_parameters_get_their_own_rate_and_the_decay_spans_one_epoch(dog):
     """`optim.lr_memory` (the official run_clm Trainer's `learning_rate_ltm`): the memory's parameters, and only
-    they, in a second AdamW group at that rate without weight decay; with no `max_steps` the linear decay spans
+    they, in an AdamW group at that rate without weight decay; GPT-2's biases and LayerNorm parameters in one
+    without weight decay (the Trainer's `decay_parameters`); with no `max_steps` the linear decay spans
     the `max_epochs` epochs of training batches (the Trainer's `num_train_epochs`), reaching 0 at their end."""
     dm = _dm(dog)
     L.seed_everything(3)
@@ -600,14 +601,18 @@ def test_memory_parameters_get_their_own_rate_and_the_decay_spans_one_epoch(dog)
     opt = trainer.optimizers[0]
     memory = {n for n, _ in module.named_parameters() if ".attn.memory." in n}
     by_id = {id(p): n for n, p in module.named_parameters()}
-    rest, mem = opt.param_groups
+    decay, no_decay, mem = opt.param_groups
     assert {by_id[id(p)] for p in mem["params"]} == memory and memory
-    assert not memory & {by_id[id(p)] for p in rest["params"]}
-    assert len(rest["params"]) + len(mem["params"]) == len(by_id)
-    assert (rest["initial_lr"], rest["weight_decay"], mem["initial_lr"], mem["weight_decay"]) == (1e-3, 0.1, 5e-3, 0.0)
+    # the Trainer's weight decay: GPT-2's weights, not its biases or LayerNorm parameters (ln_1, ln_2, ln_f)
+    norms_and_biases = {n for n in by_id.values() if n not in memory and (".ln_" in n or n.endswith("bias"))}
+    assert {by_id[id(p)] for p in no_decay["params"]} == norms_and_biases and norms_and_biases
+    assert {by_id[id(p)] for p in decay["params"]} == set(by_id.values()) - memory - norms_and_biases
+    assert all(by_id[id(p)].endswith("weight") and ".ln_" not in by_id[id(p)] for p in decay["params"])
+    assert [(g["initial_lr"], g["weight_decay"]) for g in (decay, no_decay, mem)] == [(1e-3, 0.1), (1e-3, 0.0),
+                                                                                     (5e-3, 0.0)]
     sched = trainer.lr_scheduler_configs[0].scheduler
     assert sched.lr_lambdas[0](0) == 1.0 and sched.lr_lambdas[0](n_batches - 1) == pytest.approx(1 / n_batches)
-    assert sched.get_last_lr() == [0.0, 0.0]  # decayed to 0 at the end of the epoch
+    assert sched.get_last_lr() == [0.0, 0.0, 0.0]  # decayed to 0 at the end of the epoch
 
 
 def test_official_memory_reset_keeps_only_the_second_of_three_pieces(dog):

@@ -72,9 +72,10 @@ class GPT2Settings:
 class FinetuneOptim:
     """AdamW with a linear decay to 0 over the run's optimiser steps: `trainer.max_steps`, or where that is unset
     (−1) the `trainer.max_epochs` epochs of the training data (the official language-modelling fine-tuning: lr
-    5e-5 over one epoch). `lr_memory` puts the memory's parameters (the LTM's, or the compressive memory's) in a
-    group of their own at that rate, without weight decay, as the official `run_clm.py` Trainer does
-    (`learning_rate_ltm`, default 2.5e-4; its dialogue `train.py` keeps one rate: `--lr_ltm 0`). None: `lr`.
+    5e-5 over one epoch). `lr_memory` gives the memory's parameters (the LTM's, or the compressive memory's) that
+    rate, as the official `run_clm.py` Trainer does (`learning_rate_ltm`, default 2.5e-4; its dialogue `train.py`
+    keeps one rate: `--lr_ltm 0`). None: `lr`. `weight_decay` applies, as in that Trainer, to GPT-2's weights only:
+    not to biases, LayerNorm parameters or the memory's parameters.
 
     `step_per: conversation` reproduces the official dialogue loop (`document_grounded_generation/train.py`,
     `update`): each piece of a conversation is back-propagated (its mean NLL + λ_KL·KL, not divided by the number
@@ -438,14 +439,18 @@ class GPT2MemoryLM(SegmentLM):
 
     def configure_optimizers(self):
         o = self.finetune
-        groups: list[dict] = [{"params": list(self.parameters())}]
-        if o.lr_memory is not None:
-            memory = {id(p) for m in self.model.modules() if isinstance(m, MemoryAttention)
-                      for p in m.memory.parameters()}
-            groups = [{"params": [p for p in self.parameters() if id(p) not in memory]},
-                      {"params": [p for p in self.parameters() if id(p) in memory], "lr": o.lr_memory,
-                       "weight_decay": 0.0}]
-            groups = [g for g in groups if g["params"]]
+        # The official run_clm Trainer's groups: weight decay on GPT-2's weights only (not on biases or LayerNorm
+        # parameters), none on the memory's parameters, which take `learning_rate_ltm` (lr_memory; None: lr). Its
+        # dialogue train.py decays nothing (transformers' AdamW, weight_decay 0): there optim.weight_decay is 0.
+        memory = {id(p) for m in self.model.modules() if isinstance(m, MemoryAttention) for p in m.memory.parameters()}
+        no_decay = {id(p) for m in self.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+        no_decay |= {id(p) for n, p in self.named_parameters() if "bias" in n}
+        params = list(self.parameters())
+        groups = [{"params": [p for p in params if id(p) not in memory and id(p) not in no_decay]},
+                  {"params": [p for p in params if id(p) not in memory and id(p) in no_decay], "weight_decay": 0.0},
+                  {"params": [p for p in params if id(p) in memory], "weight_decay": 0.0,
+                   "lr": o.lr if o.lr_memory is None else o.lr_memory}]
+        groups = [g for g in groups if g["params"]]
         opt = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                 foreach=True)  # the same numbers as the per-parameter loop, fewer ops
         max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
