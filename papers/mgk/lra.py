@@ -210,6 +210,9 @@ class LRAModule(L.LightningModule):
         optim: `LRAOptim`.
     """
 
+    # the run's summary line: a classifier's accuracy and loss (its ppl and bpc are logged for the curves' CSV only)
+    summary_metrics = ("acc", "loss")
+
     def __init__(self, variant: str = "softmax2", model: LRAConfig | dict = LRAConfig(),
                  optim: LRAOptim | dict = LRAOptim(), n_token: int = 0):
         super().__init__()

@@ -438,6 +438,9 @@ class ReproCLI(LightningCLI):
         """One line per finished run: `test tiny/char_txl  loss 1.234  ppl 3.43  bpc 1.780  (40,960 tokens, 12.3 s)`."""
         prefix = {"fit": "val/", "validate": "val/", "test": "test/"}[stage]
         shown = {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix) and k != f"{prefix}tokens"}
+        keep = getattr(self.model, "summary_metrics", None)  # a module's own choice, e.g. a classifier's (acc, loss)
+        if keep is not None:
+            shown = {k: v for k, v in shown.items() if k in keep}
         if stage == "fit" and "train/loss" in metrics:
             shown = {"train loss": metrics["train/loss"], **{f"val {k}": v for k, v in shown.items()}}
         parts = [f"{stage} {self._name()}", *(f"{k} {v:.4g}" for k, v in list(shown.items())[:6])]
