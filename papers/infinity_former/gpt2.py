@@ -441,15 +441,22 @@ class GPT2MemoryLM(SegmentLM):
         o = self.finetune
         # The official run_clm Trainer's groups: weight decay on GPT-2's weights only (not on biases or LayerNorm
         # parameters), none on the memory's parameters, which take `learning_rate_ltm` (lr_memory; None: lr). Its
-        # dialogue train.py decays nothing (transformers' AdamW, weight_decay 0): there optim.weight_decay is 0.
-        memory = {id(p) for m in self.model.modules() if isinstance(m, MemoryAttention) for p in m.memory.parameters()}
-        no_decay = {id(p) for m in self.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-        no_decay |= {id(p) for n, p in self.named_parameters() if "bias" in n}
+        # dialogue train.py decays nothing (transformers' AdamW, weight_decay 0). Without weight decay the groups
+        # stay as few as the rates need: the parameters' order is that of the gradient clip's norm, so the runs
+        # made before this split keep their numbers bit for bit.
         params = list(self.parameters())
-        groups = [{"params": [p for p in params if id(p) not in memory and id(p) not in no_decay]},
-                  {"params": [p for p in params if id(p) not in memory and id(p) in no_decay], "weight_decay": 0.0},
-                  {"params": [p for p in params if id(p) in memory], "weight_decay": 0.0,
-                   "lr": o.lr if o.lr_memory is None else o.lr_memory}]
+        memory = {id(p) for m in self.model.modules() if isinstance(m, MemoryAttention) for p in m.memory.parameters()}
+        rest = [p for p in params if id(p) not in memory]
+        if o.weight_decay > 0:
+            no_decay = {id(p) for m in self.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+            no_decay |= {id(p) for n, p in self.named_parameters() if "bias" in n}
+            groups = [{"params": [p for p in rest if id(p) not in no_decay]},
+                      {"params": [p for p in rest if id(p) in no_decay], "weight_decay": 0.0}]
+        else:
+            groups = [{"params": rest if o.lr_memory is not None else params}]
+        if o.weight_decay > 0 or o.lr_memory is not None:
+            groups.append({"params": [p for p in params if id(p) in memory], "weight_decay": 0.0,
+                           "lr": o.lr if o.lr_memory is None else o.lr_memory})
         groups = [g for g in groups if g["params"]]
         opt = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                 foreach=True)  # the same numbers as the per-parameter loop, fewer ops
