@@ -100,7 +100,7 @@ def test_memory_losses_with_a_long_context_equal_one_full_pass():
     assert not np.allclose(short, ours)
 
 
-def test_repro_recl_command(tmp_path, root, monkeypatch):
+def test_repro_recl_command(tmp_path, root, monkeypatch, capsys):
     from repro.cli import commands
     from repro.cli.cli import build
 
@@ -121,6 +121,10 @@ def test_repro_recl_command(tmp_path, root, monkeypatch):
     assert set(rec["recl"]) == {"0.1", "0.5", "1.0"} and rec["tokens"] == 390  # 10 streams of 39 targets
     assert rec["recl"]["0.1"]["wt103_base"]["recl"] in (8, 16, 32)
     assert (tmp_path / "recl.png").stat().st_size > 0
+    # the terminal: one line for people (the JSON went to the file)
+    out_lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("repro recl:")]
+    assert len(out_lines) == 1 and "RECL at r = 0.1 / 0.5 / 1.0: wt103_base " in out_lines[0], out_lines
+    assert str(out) in out_lines[0] and "390 tokens" in out_lines[0]
 
 
 def _family(name):

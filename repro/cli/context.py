@@ -28,4 +28,10 @@ def main(args) -> None:
         plot(result, args.plot, r=ratios[0])
     summary = {name: {r: ("≥" if v[name]["censored"] else "") + str(v[name]["recl"]) for r, v in result["recl"].items()}
                for name in result["models"]}
-    print(json.dumps({"recl": summary, "mean_loss": {n: m["mean_loss"] for n, m in result["models"].items()}}))
+    if not args.output:  # no file: the result goes to standard output, as JSON
+        print(json.dumps({"recl": summary, "mean_loss": {n: m["mean_loss"] for n, m in result["models"].items()}}))
+        return
+    rs = list(result["recl"])  # the record is in the file; the terminal gets one line
+    print(f"repro recl: RECL at r = {' / '.join(rs)}: "
+          + ", ".join(f"{name} {' / '.join(summary[name][r] for r in rs)}" for name in result["models"])
+          + f" ({result['tokens']:,} tokens) in {args.output}", flush=True)
