@@ -98,6 +98,14 @@ def test_bad_settings(clean, capsys, override, message):
     assert message in line and "Namespace(" not in line and len(line) < 300
 
 
+def test_a_settings_class_check_inside_a_union_is_named(clean, capsys):
+    """`ltm` is `LTMConfig | None`: jsonargparse reports only that 0 basis functions fit neither type; the line
+    gives LTMConfig's own reason, found among the error's causes."""
+    sorting = os.path.join(ROOT, "configs/infinity_former/tiny/sort_512_infty.yaml")
+    line = _one_line_error(capsys, ["fit", "-c", sorting, "--model.init_args.ltm.n_basis", "0"])
+    assert "ltm.n_basis must be positive" in line and "Union" not in line, line
+
+
 def test_yaml_syntax_error_names_the_file(clean, capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("run:\n  paper: [x\nmodel: {\n")

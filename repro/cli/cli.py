@@ -630,8 +630,23 @@ def main(argv: list[str] | None = None) -> None:
     except (DownloadError, ChecksumError, ArchiveError, ValueError, ArgumentError) as err:
         if os.environ.get("REPRO_DEBUG"):
             raise
-        print(f"error: {one_line(str(err))}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"error: {_reason(err)}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _reason(err: BaseException) -> str:
+    """The error in one line (`one_line`). Where jsonargparse says only that a value fits none of a Union's types,
+    the reason one of them gave (a settings class's own check, e.g. `ltm.n_basis must be positive`), found down
+    the chain of causes."""
+    union = "Does not validate against any of the Union subtypes"
+    line = one_line(str(err))
+    cause, seen = err, set()
+    while union in line and cause.__cause__ is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__
+        if union not in str(cause):
+            return one_line(str(cause))
+    return line
 
 
 def _main(argv: list[str] | None) -> None:
