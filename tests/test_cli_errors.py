@@ -113,7 +113,7 @@ def test_yaml_syntax_error_names_the_file(clean, capsys, tmp_path):
     assert f"config file {bad} is not valid YAML, line 3" in line
 
 
-@pytest.mark.parametrize("command", [["fit", "-c"], ["describe"], ["steps", "fit -c"]])
+@pytest.mark.parametrize("command", [["fit", "-c"], ["describe"], ["steps", "fit -c"], ["prepare"]])
 def test_missing_config_file(clean, capsys, command):
     *head, last = command
     argv = [*head, f"{last} nope.yaml"] if command[0] == "steps" else [*command, "nope.yaml"]

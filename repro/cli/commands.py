@@ -60,6 +60,9 @@ def _prepare(args) -> None:
     paths = []
     for item in args.config:
         p = Path(item)
+        if not p.exists():
+            raise ValueError(f"config file {item} does not exist (give config files or a folder of them, e.g. "
+                             "configs/transformer_xl/tiny)")
         # a folder's experiment configs: not the evaluation overrides, not the pre-registered claims (repro.claims)
         paths += sorted(str(x) for x in p.glob("*.yaml") if ".eval." not in x.name and x.name != "claims.yaml") \
             if p.is_dir() else [item]

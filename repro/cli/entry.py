@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from argparse import ArgumentError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,9 +58,13 @@ def main(argv: list[str] | None = None) -> None:
             commands_main(args, papers)
         except (DownloadError, ChecksumError, ArchiveError) as err:
             raise ValueError(str(err)) from err
-    except ValueError as err:
+    except (ValueError, ArgumentError) as err:  # ArgumentError: a config a command builds (jsonargparse)
         if os.environ.get("REPRO_DEBUG"):
             raise
+        if isinstance(err, ArgumentError):
+            from repro.cli.cli import one_line
+
+            err = one_line(str(err))
         print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
