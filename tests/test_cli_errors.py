@@ -106,6 +106,29 @@ def test_a_settings_class_check_inside_a_union_is_named(clean, capsys):
     assert "ltm.n_basis must be positive" in line and "Union" not in line, line
 
 
+@pytest.mark.parametrize("old,new,message", [
+    ("n_layer: ", "n_layers: ", "unknown option --model.init_args.model.n_layers for TransformerXLLM (did you mean "
+                                "--model.init_args.model.n_layer?)"),
+    ("    memory: ", "    memry: ", "unknown option --model.init_args.memry.mem_len for TransformerXLLM (did you mean "
+                                    "--model.init_args.memory?)"),
+    ("batch_size:", "batchsize:", "unknown option --data.init_args.batchsize for LMDataModule (did you mean "
+                                  "--data.init_args.batch_size?)"),
+    ("  max_steps:", "  max_stepz:", "unknown option --trainer.max_stepz (did you mean --trainer.max_steps?)"),
+    ("  paper:", "  papr:", "unknown option --run.papr (did you mean --run.paper?)"),
+])
+@pytest.mark.parametrize("command", ["fit", "prepare"])
+def test_a_misspelt_key_in_a_config_file_is_named(clean, capsys, tmp_path, old, new, message, command):
+    """A config file's unknown key reads as the command line's does (jsonargparse words it differently for files:
+    'Problem with given class_path', whose reason was cut off)."""
+    text = open(os.path.join(ROOT, "configs/transformer_xl/tiny/wt103_base.yaml")).read()
+    assert old in text
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    argv = ["fit", "-c", str(bad)] if command == "fit" else ["prepare", str(bad)]
+    line = _one_line_error(capsys, argv)
+    assert message in line, line
+
+
 def test_yaml_syntax_error_names_the_file(clean, capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("run:\n  paper: [x\nmodel: {\n")

@@ -579,14 +579,21 @@ def one_line(message: str) -> str:
 
     text = str(message)
     unknown = re.search(r"class_path '([\w.]+)':\s*unrecognized arguments: --([\w.]+)", text)
-    if unknown:
-        cls, key = unknown.groups()
+    # a misspelt key in a config file: "Group 'model' does not accept option 'n_layers'" or "Option 'memry.mem_len'
+    # is not accepted" under the class's "Problem with given class_path"
+    in_file = re.search(r"class_path '([\w.]+)':\s*(?:Group '([\w.]+)' does not accept option '(\w+)'|"
+                        r"Option '([\w.]+)' is not accepted)", text)
+    if unknown or in_file:
+        cls, key = unknown.groups() if unknown else (
+            in_file.group(1), in_file.group(4) or f"{in_file.group(2)}.{in_file.group(3)}")
         outer = re.search(r'Parser key "([\w.]+)"', text)
         full = f"{outer.group(1)}.init_args.{key}" if outer else key
         near = _did_you_mean(cls, key)
         hint = f" (did you mean --{full[: len(full) - len(key)]}{near}?)" if near else ""
         return f"unknown option --{full} for {cls.rsplit('.', 1)[-1]}{hint}"
-    unknown = re.search(r"unrecognized arguments: --(trainer|run)\.([\w.]+)", text)
+    # the trainer's or run's misspelt key: on the command line, in a config file, or in one a command builds
+    unknown = (re.search(r"(?:unrecognized arguments: --|does not accept option '|Option ')(trainer|run)\.([\w.]+)", text)
+               or re.search(r"Group '(trainer|run)' does not accept option '([\w.]+)'", text))
     if unknown:
         import difflib
 
@@ -610,7 +617,8 @@ def one_line(message: str) -> str:
                  and "Expected a <class 'NoneType'>" not in m]
         key = re.search(r'Parser key "([\w.]+)"', text)
         if inner:
-            return (f"{key.group(1)}: " if key else "") + inner[0]
+            reason = re.search(r"Problem with given class_path '[\w.]+':\s*\n\s*(.+)", text)  # its first line
+            return (f"{key.group(1)}: " if key else "") + inner[0] + (f" {reason.group(1).strip()}" if reason else "")
     lines = [l.strip() for l in text.splitlines()
              if l.strip() and not l.strip().startswith(("Given value", "Subtypes"))]
     out = " ".join(lines)
@@ -630,11 +638,11 @@ def main(argv: list[str] | None = None) -> None:
     except (DownloadError, ChecksumError, ArchiveError, ValueError, ArgumentError) as err:
         if os.environ.get("REPRO_DEBUG"):
             raise
-        print(f"error: {_reason(err)}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"error: {error_line(err)}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def _reason(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
     """The error in one line (`one_line`). Where jsonargparse says only that a value fits none of a Union's types,
     the reason one of them gave (a settings class's own check, e.g. `ltm.n_basis must be positive`), found down
     the chain of causes."""

@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("REPRO_DEBUG"):
             raise
         if isinstance(err, ArgumentError):
-            from repro.cli.cli import one_line
+            from repro.cli.cli import error_line
 
-            err = one_line(str(err))
+            err = error_line(err)
         print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
