@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import socket
 import sys
 import threading
+import time
 import types
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -320,6 +322,25 @@ def test_wikitext103_corrupt_archive_is_reported(refused_url, tmp_path, monkeypa
     with pytest.raises(ArchiveError, match="delete it"):
         sources.wikitext103_files(raw, urls=[refused_url], hf_fallback=False)
     assert not (raw / "wikitext-103" / "wiki.train.tokens").exists()
+
+
+def test_wikitext103_fallback_with_the_hub_unreachable_fails_at_once(refused_url, tmp_path, monkeypatch, capfd):
+    """Offline, the Hugging Face fallback reads the hub's cache only: one error at once, not ~30 s of the hub
+    client's retry messages (found running `repro prepare` of the paper configs on this offline machine)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    for module in (huggingface_hub.constants, datasets.config):  # loaded already, as in a long process
+        monkeypatch.setattr(module, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    t0 = time.time()
+    with pytest.raises(DownloadError, match="Hugging Face fallback .* failed too"):
+        sources.wikitext103_files(tmp_path / "wt103", urls=[refused_url], timeout=2)
+    assert time.time() - t0 < 15
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and "Retrying" not in capfd.readouterr().err
 
 
 def test_wikitext103_hugging_face_fallback(refused_url, tmp_path, monkeypatch):

@@ -46,12 +46,14 @@ def hub_offline(timeout: float = 3.0) -> bool:
         return False
     except OSError:
         os.environ["HF_HUB_OFFLINE"] = "1"
-        try:  # read at import: set it there too if the library is loaded already
-            import huggingface_hub.constants as hub_constants
+        import sys
 
-            hub_constants.HF_HUB_OFFLINE = True
-        except ImportError:
-            pass
+        # read at import: set it there too where the libraries are loaded already
+        for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                              ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+            if module in sys.modules:
+                for name in names:
+                    setattr(sys.modules[module], name, True)
         return True
 
 
