@@ -237,6 +237,12 @@ class Provenance(Callback):
         self.loaded = checkpoint.get("repro_run")
 
 
+def eta_text(seconds: float) -> str:
+    """`1m05s` under an hour, `45h09m` from one hour on (a paper run's ETA in minutes read `2709m26s`)."""
+    h, m, sec = int(seconds // 3600), int(seconds % 3600 // 60), int(seconds % 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
 class ProgressLine(Callback):
     """`fit tiny/enwik8_12l  step 40/400  loss 2.913  11.2k tok/s  ETA 1m05s`, every `log_every_n_steps` steps
     (and at the last step); tokens/s counts the training tokens of all ranks since the last line."""
@@ -272,7 +278,7 @@ class ProgressLine(Callback):
             parts.append(f"{rate / 1000:.1f}k tok/s")
         if total and total > 0 and step > self._step0:
             eta = (now - self._t0) / (step - self._step0) * (total - step)
-            parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+            parts.append(f"ETA {eta_text(eta)}")
         print("  ".join(parts), flush=True)
 
 

@@ -70,6 +70,28 @@ def test_fit_prints_progress_and_one_summary_then_test_one_line(tmp_path, capfd)
     assert not any(word in out + err for word in NOISE)
 
 
+def test_without_a_terminal_a_config_that_leaves_the_bar_unset_prints_lines(tmp_path, capfd):
+    """A paper config leaves `enable_progress_bar` unset (Lightning's bars on). Into a pipe or a job's log file
+    (stderr is no terminal here, under pytest) a fit prints progress lines and a test one line: no bar redrawn
+    with carriage returns, no Rich table (found running a paper config into a log)."""
+    ckpt = tmp_path / "a.ckpt"
+    main(["fit", "-c", TINY, *SMALL, "--trainer.enable_progress_bar", "null", "--run.checkpoint", str(ckpt)])
+    out, err = capfd.readouterr()
+    lines = [l for l in (out + err).splitlines() if l.strip()]
+    assert "\r" not in out + err and len(lines) == 3 and lines[0].startswith("fit tiny/enwik8_12l  step 2/4"), lines
+    main(["test", "-c", TINY, *SMALL, "--trainer.enable_progress_bar", "null", "--ckpt_path", str(ckpt),
+          "--trainer.limit_test_batches", "1"])
+    out, err = capfd.readouterr()
+    lines = [l for l in (out + err).splitlines() if l.strip()]
+    assert "\r" not in out + err and len(lines) == 1 and lines[0].startswith("test tiny/enwik8_12l  loss"), lines
+
+
+def test_eta_reads_in_hours_from_one_hour_on():
+    from repro.callbacks import eta_text
+
+    assert [eta_text(x) for x in (0, 65.9, 3599, 3600, 162566)] == ["0m00s", "1m05s", "59m59s", "1h00m", "45h09m"]
+
+
 def test_the_progress_bar_counts_steps(capfd):
     main(["fit", "-c", TINY, *SMALL, "--trainer.enable_progress_bar", "true"])
     text = "".join(capfd.readouterr())

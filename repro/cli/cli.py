@@ -215,8 +215,11 @@ class ReproCLI(LightningCLI):
                                        "config": self._dump(cfg), "seed": cfg.get("seed_everything"),
                                        "mlflow_run": None})
         ours.append(self._provenance)
+        bar = self._get(self.config_init, "trainer", default={}).get("enable_progress_bar")
+        if bar is None and not sys.stderr.isatty():  # a pipe or a job's log file: lines, not bars redrawn in place
+            kwargs["enable_progress_bar"] = bar = False
         if self.subcommand == "fit":
-            if self._get(self.config_init, "trainer", default={}).get("enable_progress_bar") is False:
+            if bar is False:
                 ours.append(ProgressLine(f"fit {self._name()}",
                                          min_seconds=120.0 if self.summaries is not None else 0.0))
             else:
