@@ -337,13 +337,16 @@ def test_wikitext103_fallback_with_the_hub_unreachable_fails_at_once(refused_url
         monkeypatch.setattr(module, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
     t0 = time.time()
-    with pytest.raises(DownloadError, match="Hugging Face fallback .* failed too"):
+    with pytest.raises(DownloadError, match="Hugging Face fallback .* failed too: the hub is unreachable and its "
+                                            "cache lacks the dataset .run once with network access"):
         sources.wikitext103_files(tmp_path / "wt103", urls=[refused_url], timeout=2)
     assert time.time() - t0 < 15
     assert os.environ["HF_HUB_OFFLINE"] == "1" and "Retrying" not in capfd.readouterr().err
 
 
 def test_wikitext103_hugging_face_fallback(refused_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the fake `datasets` below stands for a reachable hub
+    monkeypatch.setattr("repro.text.tokenizer.hub_offline", lambda timeout=3.0: False)
     rows = {split: [line + "\n" if line.strip() else "" for line in WIKI[s].split("\n")[:-1]]
             for s, split in [("train", "train"), ("valid", "validation"), ("test", "test")]}
 

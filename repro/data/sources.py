@@ -132,8 +132,12 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
         try:
             _wikitext103_from_hf(files)
         except Exception as hf_err:  # no `datasets`, no network to the Hub, or a changed dataset layout
+            from repro.text.tokenizer import HUB_HELP
+
+            offline = "OfflineMode" in str(hf_err)  # the hub unreachable (hub_offline) and the cache without it
             raise DownloadError(f"{err}\nThe Hugging Face fallback ({'/'.join(WIKITEXT103_HF)}) failed too: "
-                                f"{type(hf_err).__name__}: {hf_err}") from err
+                                + (f"the hub is unreachable and its cache lacks the dataset ({HUB_HELP})" if offline
+                                   else f"{type(hf_err).__name__}: {hf_err}")) from err
         return files
 
     # download() verified the archive against its published or recorded checksum and wrote our sha256 to the
