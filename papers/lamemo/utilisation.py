@@ -25,12 +25,13 @@ def mass_by_distance(prob_BHTK: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     number of (batch, head, query) triples that have a key at that distance. Query i sits at key position M + i."""
     b, h, t, k = prob_BHTK.shape
     m = k - t
-    dist_TK = (m + torch.arange(t)[:, None]) - torch.arange(k)[None, :]
+    dev = prob_BHTK.device
+    dist_TK = (m + torch.arange(t, device=dev)[:, None]) - torch.arange(k, device=dev)[None, :]
     valid = dist_TK >= 0
-    sums = torch.zeros(k, dtype=torch.float64)
+    sums = torch.zeros(k, dtype=torch.float64, device=dev)
     sums.index_add_(0, dist_TK[valid], prob_BHTK.double().sum((0, 1))[valid])
-    counts = torch.zeros(k, dtype=torch.float64)
-    counts.index_add_(0, dist_TK[valid], torch.ones(int(valid.sum()), dtype=torch.float64))
+    counts = torch.zeros(k, dtype=torch.float64, device=dev)
+    counts.index_add_(0, dist_TK[valid], torch.ones(int(valid.sum()), dtype=torch.float64, device=dev))
     return sums, counts * b * h
 
 
@@ -41,14 +42,16 @@ def memory_share(prob_BHTK: torch.Tensor) -> float:
 
 
 def analyse(module, dm, *, max_batches: int = 20) -> dict:
-    """Run the validation split through the checkpoint's model and collect the statistics."""
+    """Run the validation split through the checkpoint's model, on the module's device, and collect the
+    statistics."""
     src = module.model
     if isinstance(src, LaMemo):
         model = src
     else:  # Transformer-XL: the same weights in LaMemo with look-ahead off
         model = LaMemo(src.cfg, LaMemoConfig(look_ahead=False))
         model.load_state_dict(src.state_dict(), strict=True)
-    model.eval()
+    device = next(module.parameters()).device
+    model.to(device).eval()
     lengths = module.eval_memory
     attns = [layer.attn for layer in model.layers]
     assert all(isinstance(a, LaMemoAttention) for a in attns)
@@ -63,15 +66,15 @@ def analyse(module, dm, *, max_batches: int = 20) -> dict:
                 break
             for a in attns:
                 a.record = []
-            _, mems = model(batch.input, mems, mem_len=lengths.mem_len, clamp_len=lengths.clamp_len,
+            _, mems = model(batch.input.to(device), mems, mem_len=lengths.mem_len, clamp_len=lengths.clamp_len,
                             same_length=lengths.same_length)
             probs = [a.record[0] for a in attns]
             k, t = probs[0].shape[-1], probs[0].shape[-2]
             if k - t < lengths.mem_len:  # the memory is still filling: skip
                 continue
             if sums is None:
-                sums = torch.zeros(n_layer, k, dtype=torch.float64)
-                counts = torch.zeros(n_layer, k, dtype=torch.float64)
+                sums = torch.zeros(n_layer, k, dtype=torch.float64, device=device)
+                counts = torch.zeros(n_layer, k, dtype=torch.float64, device=device)
             for layer, p in enumerate(probs):
                 s, c = mass_by_distance(p)
                 sums[layer] += s
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     module, dm = cli.model, cli.datamodule
     state = torch.load(args.ckpt, map_location="cpu", weights_only=True)
     module.load_state_dict(state["state_dict"])
+    if torch.cuda.is_available():  # the paper's models after a GPU run: there, not on two CPU threads
+        module.cuda()
     run = dict(cli.config.get("run", {}) or {})
     out = analyse(module, dm, max_batches=args.batches)
     record = {"paper": run.get("paper"), "experiment": args.experiment or run.get("experiment"),
