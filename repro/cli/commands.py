@@ -203,6 +203,7 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     r.add_argument("--stride", type=int, help="window models: tokens scored per window (default max(1, c // 8))")
     r.add_argument("--batch-size", type=int, help="streams the split is cut into (default: the eval batch size)")
     r.add_argument("--threads", type=int)
+    r.add_argument("--device", help="where the models run (default: cuda where there is a GPU, else cpu)")
     r.add_argument("--output", help="write the JSON record here")
     r.add_argument("--plot", help="write the loss-vs-context plot (PNG) here")
     r.set_defaults(func=lambda a: importlib.import_module("repro.cli.context").main(a))

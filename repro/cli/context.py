@@ -21,7 +21,7 @@ def main(args) -> None:
     ratios = [float(x) for x in args.ratios.split(",") if x]
     result = measure(models, contexts, load=load_module, split=args.split, max_tokens=args.max_tokens,
                      ratios=ratios, threshold=args.threshold, stride=args.stride, threads=args.threads,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, device=args.device)
     if args.output:
         atomic_write_json(args.output, result)
     if args.plot:
