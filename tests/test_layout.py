@@ -110,7 +110,7 @@ def test_every_registered_command_runs_through_repro(tmp_path):
     assert {name for cmds in papers.values() for name in cmds} == {"bench-attention", "bench-context",
                                                                    "bench-lamemo-authors", "bench-mgk-authors",
                                                                    "bench-txl-authors", "ltm-gain",
-                                                                   "bench-infinity-former-authors"}
+                                                                   "bench-infinity-former-authors", "bench-sdpa"}
     for cmds in papers.values():
         for name in cmds:
             done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,

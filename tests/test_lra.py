@@ -361,6 +361,26 @@ def test_one_cycle_warm_up_outside_its_range_is_refused_in_one_line():
                 m.configure_optimizers()
 
 
+def test_the_sdpa_forms_of_softmax_and_mgk_give_our_layers_outputs():
+    """`repro bench-sdpa` times our layers against SDPA forms: first, that those compute the same attention (MGK-4
+    as one softmax over its R·K augmented keys, padded keys masked), against torch's SDPA as the reference; a
+    wrong sign in the augmented constant or a dropped π moves the output far beyond the tolerance."""
+    from papers.mgk.bench_sdpa import layers, padding_mask, sdpa_mgk, sdpa_softmax
+
+    torch.manual_seed(0)
+    sm, mg = layers("cpu")
+    assert mg.weights.kind == "gradient"
+    with torch.no_grad():
+        mg.weights.logits.normal_(0, 2.0)  # π far from uniform (uniform π cancels in the softmax)
+        h, mask = torch.randn(2, 40, 64) * 3, padding_mask(2, 40, "cpu")
+        for m, f in ((sm, sdpa_softmax), (mg, sdpa_mgk)):
+            torch.testing.assert_close(f(m, h, mask), m(h, mask_TK=mask)[0], rtol=1e-5, atol=1e-5)
+        ours = mg(h, mask_TK=mask)[0]
+        assert (sdpa_mgk(mg, h, torch.zeros_like(mask)) - ours).abs().max() > 1e-2  # the mask matters
+        mg.weights.logits.zero_()  # and π does: the check above would catch a form that dropped it
+        assert (sdpa_mgk(mg, h, mask) - ours).abs().max() > 1e-2
+
+
 def test_saved_activation_bytes_counts_each_storage_once():
     from papers.mgk.efficiency import saved_activation_bytes
 

@@ -1,7 +1,8 @@
 """The commands Transformer-MGK adds to `repro` (listed in pyproject.toml's `repro.commands` entry points and
 collected by `repro.cli.registry`): `repro bench-attention`, the cost of the attention variants across lengths
-(`papers.mgk.efficiency`), and `repro bench-mgk-authors`, one decoder layer against the authors' code
-(`papers.mgk.bench_authors`). Importing this module imports neither torch nor the benchmarks."""
+(`papers.mgk.efficiency`), `repro bench-mgk-authors`, one decoder layer against the authors' code
+(`papers.mgk.bench_authors`), and `repro bench-sdpa`, our attention layers against their SDPA forms
+(`papers.mgk.bench_sdpa`). Importing this module imports neither torch nor the benchmarks."""
 
 from __future__ import annotations
 
@@ -28,4 +29,15 @@ def bench_mgk_authors(argv: list[str]) -> None:
 
 HELP_AUTHORS = "one decoder layer at the WikiText-103 paper shape, ours against the official code (tokens/s)"
 
-COMMANDS = {"bench-attention": (bench_attention, HELP), "bench-mgk-authors": (bench_mgk_authors, HELP_AUTHORS)}
+
+
+def bench_sdpa(argv: list[str]) -> None:
+    from papers.mgk import bench_sdpa as bench
+
+    bench.main(argv)
+
+
+HELP_SDPA = "softmax-8 and MGK-4 attention layers, ours against the same layers through SDPA (ms per step)"
+
+COMMANDS = {"bench-attention": (bench_attention, HELP), "bench-mgk-authors": (bench_mgk_authors, HELP_AUTHORS),
+            "bench-sdpa": (bench_sdpa, HELP_SDPA)}
