@@ -40,7 +40,7 @@ def hardware() -> str:
 
 def cpu_model() -> str:
     """The CPU's model name and the instruction set PyTorch's kernels use, with its bf16 support, e.g. "AMD EPYC
-    (AVX512, avx512_bf16)". bf16 matrix products take other kernels on a CPU with bf16 instructions (avx512_bf16,
+    (AVX512, avx512_bf16)" or "AMD EPYC (AVX2, no bf16 instructions, bf16 products in float32)". bf16 matrix products take other kernels on a CPU with bf16 instructions (avx512_bf16,
     amx_bf16) than without, so a bf16 run repeats bit for bit only on a CPU of the same kind (README, "Profiles")."""
     import torch
 
@@ -56,6 +56,10 @@ def cpu_model() -> str:
     except OSError:
         pass
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags] or ["no bf16 instructions"]
+    from repro import precision
+
+    if precision._installed:  # AVX2 only: bf16 autocast's products run in float32 (`repro.precision`)
+        bf16.append("bf16 products in float32")
     return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {', '.join(bf16)})"
 
 

@@ -16,6 +16,11 @@ if os.environ.get("REPRO_TEST_DEVICE"):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
+# as the `repro` command does: bf16 autocast through float32 products where the CPU has no bf16 kernels (AVX2 only)
+from repro.precision import emulate_bf16_matmul  # noqa: E402
+
+emulate_bf16_matmul()
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

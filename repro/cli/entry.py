@@ -12,6 +12,11 @@ import sys
 from argparse import ArgumentError
 
 
+# the commands that start without torch (the others may compute under bf16 autocast; `rehearse` runs `repro runs`
+# and `repro fit`, which see to it themselves)
+NO_TORCH = ("", "-h", "--help", "profile", "rehearse", "tables")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.cli.main`; `runs` starts without
     torch (its workers import it); a paper's command goes to its paper (`repro.cli.registry`); the other
@@ -21,6 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     from repro.allocator import keep_freed_memory
 
     keep_freed_memory()  # freed tensors reused, not mmapped afresh each step (REPRO_MALLOC=system: glibc's default)
+    if (args[0] if args else "") not in NO_TORCH and not _starts_workers(args):
+        from repro.precision import emulate_bf16_matmul
+
+        emulate_bf16_matmul()  # on a CPU without bf16 kernels (AVX2 only): float32 products (REPRO_BF16=native: not)
     if not os.environ.get("REPRO_VERBOSE"):  # MLflow's database set-up notes (read when mlflow is imported)
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     _at_repository_root(args[0] if args else "")
@@ -67,6 +76,23 @@ def main(argv: list[str] | None = None) -> None:
             err = error_line(err)
         print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _starts_workers(args: list[str]) -> bool:
+    """Whether `args` is a `repro runs` that only starts worker processes (which train) and so needs no torch:
+    more than one spec and `--jobs` above 1, not itself a worker (`--queue`). Every option of `runs` takes a value."""
+    if not args or args[0] != "runs" or "--queue" in args or any(a.startswith("--queue=") for a in args):
+        return False
+    jobs, specs, rest = 1, 0, iter(args[1:])
+    for a in rest:
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            value = value if eq else next(rest, "")
+            if name == "--jobs":
+                jobs = int(value) if value.isdigit() else 1
+        elif a != "-h":
+            specs += 1
+    return min(jobs, specs) > 1
 
 
 def _at_repository_root(command: str) -> None:
