@@ -175,6 +175,9 @@ def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precisio
         from repro.allocator import keep_freed_memory  # noqa: PLC0415
 
         applied = keep_freed_memory()
+    from repro.precision import emulate_bf16_matmul  # noqa: PLC0415
+
+    emulate_bf16_matmul()  # as the parent has it (both codes alike): float32 products on a CPU without bf16 kernels
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     code = _build(which, checkout, s, mode)
