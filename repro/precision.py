@@ -70,8 +70,11 @@ def active() -> bool:
     return os.environ.get("REPRO_BF16", "").lower() != "native" and not native_bf16()
 
 
+LOW_OR_FLOAT = (torch.float32, torch.bfloat16, torch.float16)  # what autocast casts (float64 it leaves)
+
+
 def _widen(x):
-    if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if isinstance(x, torch.Tensor) and x.dtype in LOW_OR_FLOAT:
         return x.to(torch.bfloat16).float()  # autocast's rounding, then exact widening (float64 is left, as autocast does)
     if isinstance(x, (list, tuple)):
         return type(x)(_widen(y) for y in x)
@@ -82,10 +85,12 @@ def _kernel(op):
     skip = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
     def kernel(*args, **kwargs):
-        if not torch.is_autocast_cpu_enabled() or torch.get_autocast_dtype("cpu") != torch.bfloat16:
-            with torch._C._ExcludeDispatchKeyGuard(skip):  # float16 autocast: PyTorch's rule, by hand
-                low = torch.get_autocast_dtype("cpu")
-                cast = lambda x: x.to(low) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x  # noqa: E731
+        low = torch.get_autocast_dtype("cpu")
+        if low != torch.bfloat16:  # float16 autocast: PyTorch's rule (its floating operands cast to float16), by hand
+            def cast(x):
+                return x.to(low) if isinstance(x, torch.Tensor) and x.dtype in LOW_OR_FLOAT else x
+
+            with torch._C._ExcludeDispatchKeyGuard(skip):
                 return op(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
         with torch._C._ExcludeDispatchKeyGuard(skip):
             out = op(*[_widen(a) for a in args], **{k: _widen(v) for k, v in kwargs.items()})

@@ -60,7 +60,11 @@ CHILD = textwrap.dedent(
             "dtype": [str(native[name].dtype), str(emulated[name].dtype)],
             "emulated_vs_exact": ((emulated[name].double() - exact).abs() / exact.abs().clamp_min(1)).max().item(),
             "native_vs_exact": ((native[name].double() - exact).abs() / exact.abs().clamp_min(1)).max().item(),
+            "emulated_mean_err": (emulated[name].double() - exact).abs().mean().item(),
         }
+    # the same products of the unrounded operands: autocast's rounding of the operands must show
+    for name, f in {"linear": lambda: x.double() @ w.double().T + bias.double(), "bmm": lambda: a.double() @ b.double()}.items():
+        out[name]["unrounded_mean_err"] = (emulated[name].double() - f()).abs().mean().item()
     out["grads"] = max(((e - n).abs().max() / n.abs().max()).item() for e, n in zip(emulated_grads, native_grads))
     out["grad_dtypes"] = sorted({str(g.dtype) for g in emulated_grads})
     with torch.autocast("cpu", dtype=torch.float16):
@@ -80,6 +84,8 @@ def test_emulated_bf16_products_round_like_pytorchs_own_kernels():
         # one rounding to bf16 of a float32 sum: within bf16's half-ulp (2^-9) of the exact product, as PyTorch's
         assert out[name]["emulated_vs_exact"] <= 2**-8, (name, out[name])
         assert out[name]["native_vs_exact"] <= 2**-7, (name, out[name])  # its attention rounds twice
+    for name in ("linear", "bmm"):  # nearer the product of the rounded operands than of the operands themselves
+        assert out[name]["emulated_mean_err"] < 0.75 * out[name]["unrounded_mean_err"], (name, out[name])
     assert out["grads"] < 2e-2, out["grads"]  # bf16 gradients of the same net, two summation orders
     assert out["grad_dtypes"] == ["torch.float32"]
     assert out["float16"] == "torch.float16"  # another autocast dtype keeps PyTorch's rule
