@@ -2,9 +2,9 @@
 
 PyTorch runs a bf16 matrix product on the CPU through oneDNN where the CPU has AVX-512 (`avx512_core`, with or
 without `avx512_bf16`/`amx_bf16`), and otherwise (AVX2 only: many AMD EPYC and older Intel hosts) through a
-generic loop that reaches 1–2 GFLOP/s on 2 cores, against 30–70 GFLOP/s for float32 on the same cores (measured
-on an AMD EPYC with AVX2 only, 2026-11-26). Every tiny and small config trains under bf16 autocast, so on such a CPU
-they would run 10–20× slower than in float32.
+generic loop that reached 0.8–1.3 GFLOP/s on 2 cores, against 30–70 GFLOP/s for float32 on the same cores (an AMD
+EPYC with AVX2 only, 2026-11-26). Every tiny and small config trains under bf16 autocast, so on such a CPU a tiny fit
+took 8.6× its float32 time (README, "Profiles").
 
 `emulate_bf16_matmul()` replaces the autocast rule of the matrix products (`mm`, `bmm`, `addmm`, `baddbmm`,
 `addbmm`, `matmul`, `linear`, `linalg_vecdot`, the convolutions, `scaled_dot_product_attention`) on the CPU:
@@ -19,9 +19,8 @@ bf16 attention kernel rounds the softmax weights to bf16 before multiplying by t
 float32.
 
 Installed by the `repro` command (`repro.cli.entry`) and the tests' conftest when `active()` says the CPU lacks
-oneDNN's bf16 path; REPRO_BF16=native keeps PyTorch's own kernels. Nothing changes on a CPU with AVX-512.
-Other frameworks' answer to the same problem is to leave bf16 off on such CPUs; this keeps the configs' precision,
-so that a run's numbers stay close to those of a CPU with bf16 kernels."""
+oneDNN's bf16 path; REPRO_BF16=native keeps PyTorch's own kernels. Nothing changes on a CPU with AVX-512. The
+configs keep their precision, so that a run's numbers stay those of bf16 arithmetic."""
 
 from __future__ import annotations
 
@@ -61,6 +60,11 @@ def native_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # an older or other build: AVX-512 is what oneDNN's bf16 path needs
         return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def installed() -> bool:
+    """Whether this process runs bf16 autocast's products in float32 (what a run's record says of its CPU)."""
+    return bool(_installed)
 
 
 def active() -> bool:

@@ -58,7 +58,7 @@ def cpu_model() -> str:
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags] or ["no bf16 instructions"]
     from repro import precision
 
-    if precision._installed:  # AVX2 only: bf16 autocast's products run in float32 (`repro.precision`)
+    if precision.installed():  # AVX2 only: bf16 autocast's products run in float32 (`repro.precision`)
         bf16.append("bf16 products in float32")
     return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {', '.join(bf16)})"
 

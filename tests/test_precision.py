@@ -97,7 +97,7 @@ def test_nothing_is_replaced_where_the_cpu_has_bf16_kernels(monkeypatch):
     monkeypatch.setattr(precision, "_installed", [])
     assert not precision.active()
     assert not precision.emulate_bf16_matmul()
-    assert precision._installed == []
+    assert not precision.installed()
 
 
 def test_repro_bf16_native_keeps_pytorchs_kernels(monkeypatch):
@@ -125,3 +125,12 @@ def test_the_command_installs_it_wherever_a_process_may_train():
     assert not _starts_workers(["runs", "--jobs=2", "a", "b", "--queue", "/tmp/q"])
     assert not _starts_workers(["fit", "-c", "a.yaml"])
     assert not {"fit", "test", "runs", "bench", "recl", "generate", "steps"} & set(NO_TORCH)
+
+
+def test_a_record_names_the_float32_products(monkeypatch):
+    from repro.tracking import cpu_model
+
+    monkeypatch.setattr(precision, "installed", lambda: True)
+    assert cpu_model().endswith("bf16 products in float32)")
+    monkeypatch.setattr(precision, "installed", lambda: False)
+    assert "bf16 products in float32" not in cpu_model()

@@ -18,8 +18,8 @@ NO_TORCH = ("", "-h", "--help", "profile", "rehearse", "tables")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.cli.main`; `runs` starts without
-    torch (its workers import it); a paper's command goes to its paper (`repro.cli.registry`); the other
+    """The `repro` command. Lightning subcommands and `steps` go to `repro.cli.cli.main`; `runs` with workers
+    starts without torch (its workers import it); a paper's command goes to its paper (`repro.cli.registry`); the other
     subcommands (`tables`, `describe`, `bench`, …) start without Lightning and import what they use. Errors the
     user can act on end with their message alone; REPRO_DEBUG=1 shows the traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
