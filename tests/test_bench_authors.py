@@ -42,14 +42,37 @@ def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
     here, so that no checkout is needed)."""
     from papers.transformer_xl.bench_authors import interleaved_processes
 
-    speeds, params, policy = interleaved_processes({"plain": ("ours", False), "kept": ("ours", True)}, None, SHAPE,
-                                                   mode="train", precision="32", rounds=2, steps=2, warmup=1,
-                                                   threads=1)
+    speeds, params, policy, flops = interleaved_processes({"plain": ("ours", False), "kept": ("ours", True)}, None,
+                                                          SHAPE, mode="train", precision="32", rounds=2, steps=2,
+                                                          warmup=1, threads=1)
     assert {k: len(v) for k, v in speeds.items()} == {"plain": 2, "kept": 2}
     assert all(v > 0 for vs in speeds.values() for v in vs)
     expected = sum(p.numel() for p in _Ours(SHAPE, "train").model.parameters())
     assert params == {"plain": expected, "kept": expected}
     assert policy == {"plain": False, "kept": True}
+    assert flops == {"plain": 172_544, "kept": 172_544}  # test_product_flops_count_each_product_of_a_step
+
+
+def test_product_flops_count_each_product_of_a_step():
+    """The matrix products of one step with a full memory, counted by hand for the one-layer shape (B 2, T 4,
+    M 4, D 16, 2 heads of 8, inner 32, 30 words); 2 FLOPs per multiply-add. Evaluation (keys and values of the
+    memory kept): q 2·8·16·16, k/v of the segment 2·8·16·32, positions W_kR 2·8·16·16 over K = 8 distances, the
+    three (B, H, T, K, E) products 3·2·(2·2·4·8·8), output projection 2·8·16·16, feed-forward 2·(2·8·16·32),
+    logits 2·8·16·30. Training projects k/v from [memory; segment] (16 rows: +2·8·16·32) and adds the backward
+    pass: every product's two gradients but the input gradient of W_kR's sinusoids, which need none. The k/v
+    projection's input gradient covers the memory's rows too (one product over the concatenation, whose backward
+    then drops those rows: 8,192 of the step's FLOPs here, ≈ 3% at the benchmark shapes)."""
+    from papers.transformer_xl.bench_authors import matmul_rate, product_flops
+
+    eval_forward = 4096 + 8192 + 4096 + 3 * 2048 + 4096 + 16384 + 7680
+    torch.manual_seed(0)
+    assert product_flops(_Ours(SHAPE, "eval"), token_stream(SHAPE, 3), mode="eval") == eval_forward
+    train_forward = eval_forward + 8192
+    backward = 2 * train_forward - 4096  # both gradients of every product but W_kR's input gradient
+    code = _Ours(SHAPE, "train")
+    assert product_flops(code, token_stream(SHAPE, 3), mode="train") == train_forward + backward == 172_544
+    assert code.mems is None and all(p.grad is None for p in code.model.parameters())  # left as found
+    assert matmul_rate("32", n=64, reps=1) > 0
 
 
 def test_mgk_checkout_without_the_model_file_and_unknown_configs_are_refused_in_one_line(tmp_path):

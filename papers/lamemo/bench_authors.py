@@ -12,6 +12,10 @@ memory = 32, batch 16, no dropout, 204 symbols) and `enwik8` (the paper's enwik8
 of 64, inner 2048, segment = memory = 512, batch 2, dropout 0.1). Evaluation keeps the shape (memory = segment,
 no clamp); our Transformer-XL evaluates with its key/value memory, our LaMemo with its state memory. `--device cuda`
 puts all four on a GPU.
+
+The row also counts each code's matrix-product FLOPs per step at full memory (`product_flops` of the Transformer-XL
+benchmark): Transformer-XL's count over LaMemo's is the ratio the two would reach if each ran its products at the
+same rate and did nothing else, the bound against which the measured ratios are read.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 import torch
 
 from papers.transformer_xl.bench_authors import (_Ours, _shims, check_device, device_name, interleaved,
-                                                 token_stream)
+                                                 product_flops, token_stream)
 
 SHAPES = {
     "tiny_char": dict(n_layer=3, d_model=128, n_head=4, d_head=32, d_inner=256, n_token=204, batch=16, tgt=32,
@@ -91,8 +95,9 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
     }
     for code in codes.values():
         code.model.to(device)
-    speeds = interleaved(codes, token_stream(s, warmup + steps, device), mode=mode, precision=precision, rounds=rounds,
-                         steps=steps, warmup=warmup)
+    stream = token_stream(s, warmup + steps, device)
+    flops = {k: product_flops(c, stream, mode=mode) for k, c in codes.items()}
+    speeds = interleaved(codes, stream, mode=mode, precision=precision, rounds=rounds, steps=steps, warmup=warmup)
 
     def ratio(a: str, b: str) -> list[float]:
         return [round(x / y, 3) for x, y in zip(speeds[a], speeds[b])]
@@ -104,6 +109,9 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
                                 "ours": ratio("ours_lamemo", "ours_txl")},
             "ours_over_theirs": {"txl": ratio("ours_txl", "theirs_txl"), "lamemo": ratio("ours_lamemo", "theirs_lamemo")},
             "parameters": {k: sum(p.numel() for p in c.model.parameters()) for k, c in codes.items()},
+            "product_gflop_per_step": {k: round(v / 1e9, 4) for k, v in flops.items()},
+            "lamemo_over_txl_by_products": {w: round(flops[f"{w}_txl"] / flops[f"{w}_lamemo"], 3)
+                                            for w in ("theirs", "ours")},
             "device": device_name(device), "torch": torch.__version__}
 
 
@@ -131,4 +139,6 @@ def main(argv: list[str]) -> None:
     lt = row["lamemo_over_txl"]
     print(f"{a.shape} {a.mode} {a.precision}: LaMemo / Transformer-XL theirs "
           f"{'–'.join(f'{r:.2f}' for r in lt['theirs'])}, ours {'–'.join(f'{r:.2f}' for r in lt['ours'])}; "
-          f"ours / theirs LaMemo {statistics.median(row['ours_over_theirs']['lamemo']):.2f}×", flush=True)
+          f"ours / theirs LaMemo {statistics.median(row['ours_over_theirs']['lamemo']):.2f}×; by matrix-product FLOPs "
+          f"alone theirs {row['lamemo_over_txl_by_products']['theirs']:.2f}, ours "
+          f"{row['lamemo_over_txl_by_products']['ours']:.2f}", flush=True)

@@ -12,6 +12,12 @@ lives in its own process, so that each runs with the C allocator's policy it is 
 `repro.allocator`'s (as the `repro` command sets it), theirs with the C library's default (as their `train.py`
 runs), or with ours too (`--same-allocator`). `interleaved` is the one-process form (`bench-lamemo-authors`).
 
+The row also says where each code's time goes against the machine: the floating-point operations of the matrix
+products of one step with a full memory (`torch.utils.flop_counter`: forward, and backward in training), each
+round's product GFLOP/s that follows from the tokens/s, and the share of what this process measures a square
+product (n = 2048) to reach in the same precision, the same threads and the same autocast (on a CPU without bf16
+kernels, `repro.precision`'s float32 products). A code whose share is near 1 is bound by the products themselves.
+
 Shapes (issue 15's table): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
 batch 2, segment = memory = 512, dropout 0.1) and `small` (4 layers, width 128, 4 heads of 32, inner 512, the
 4,720-word vocabulary of `embedded-word`, batch 16, segment = memory = 128, dropout 0.1). Evaluation keeps the
@@ -30,6 +36,9 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+# imported before `_official` sets torch.version.cuda for the authors' import, which would make it warn on the
+# terminal that a CPU build has no triton
+from torch.utils.flop_counter import FlopCounterMode
 
 SHAPES = {
     "enwik8_12l": dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, n_token=204, batch=2, tgt=512,
@@ -143,6 +152,58 @@ def _time(code, stream, *, mode: str, precision: str, steps: int, warmup: int) -
     return b * t * steps / (time.perf_counter() - start)
 
 
+def product_flops(code, stream, *, mode: str) -> int:
+    """Floating-point operations of the matrix products in one step whose memory is full (the segment after
+    ceil(memory / segment) others): forward, and in training the backward pass (clipping and Adam have none).
+    Counted in float32 (the count does not depend on the precision); leaves the code reset, no gradient kept."""
+    model = code.model
+    model.train(mode == "train")
+    b, t = stream[0][0].shape
+    full = -(-code_memory(code) // t)
+    if len(stream) <= full:
+        raise ValueError(f"product_flops needs {full + 1} segments, got {len(stream)}")
+    code.reset()
+    grad = torch.enable_grad() if mode == "train" else torch.no_grad()  # inference mode hides views from the counter
+    counted = 0
+    for i, (x, y) in enumerate(stream[: full + 1]):
+        counter = FlopCounterMode(display=False) if i == full else nullcontext()
+        with grad, counter:
+            loss = code.forward(x, y)
+            if mode == "train":
+                loss.backward()
+        if i == full:
+            counted = counter.get_total_flops()
+        if mode == "train":
+            code.detach()
+    model.zero_grad(set_to_none=True)
+    code.reset()
+    return counted
+
+
+def code_memory(code) -> int:
+    """The memory length a code carries (both codes keep it as `mem_len`)."""
+    return code.mem_len if isinstance(code, _Ours) else code.model.mem_len
+
+
+def matmul_rate(precision: str, device: str = "cpu", n: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of an (n, n) × (n, n) product in `precision` (bf16: under autocast, as the timed steps), best of
+    `reps` after one warm-up, with this process's threads."""
+    dev = torch.device(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g).to(dev) for _ in range(2))
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    best = float("inf")
+    with torch.no_grad(), cast:
+        for i in range(reps + 1):
+            _sync(dev)
+            t0 = time.perf_counter()
+            a @ b
+            _sync(dev)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
 def token_stream(s: dict, n: int, device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """n segments (input, target) of (batch, segment) tokens drawn uniformly with a fixed seed (on the CPU, the
     same tokens whatever the device), on `device`."""
@@ -183,21 +244,22 @@ def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precisio
     code = _build(which, checkout, s, mode)
     code.model.to(device)
     stream = token_stream(s, warmup + steps, device)
-    conn.send((sum(p.numel() for p in code.model.parameters()), applied))
+    flops = product_flops(code, stream, mode=mode)
+    conn.send((sum(p.numel() for p in code.model.parameters()), applied, flops))
     while conn.recv() is not None:
         conn.send(_time(code, stream, mode=mode, precision=precision, steps=steps, warmup=warmup))
 
 
 def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | None, s: dict, *, mode: str,
                           precision: str, rounds: int, steps: int, warmup: int, threads: int,
-                          device: str = "cpu") -> tuple[dict, dict, dict]:
+                          device: str = "cpu") -> tuple[dict, dict, dict, dict]:
     """Tokens/s of every code in every round, taking turns, each in its own (spawned) process. `codes`: name →
     (`"theirs"` or `"ours"`, whether the process keeps freed memory as `repro` does, `repro.allocator`). Returns
-    (speeds, parameter counts, whether each process had the allocator policy in force)."""
+    (speeds, parameter counts, whether each process had the allocator policy in force, product FLOPs per step)."""
     import multiprocessing as mp  # noqa: PLC0415
 
     ctx = mp.get_context("spawn")
-    procs, conns, params, policy = {}, {}, {}, {}
+    procs, conns, params, policy, flops = {}, {}, {}, {}, {}
     for name, (which, keep) in codes.items():
         parent, child = ctx.Pipe()
         procs[name] = ctx.Process(target=_serve, args=(child, which, checkout, s, mode, precision, steps, warmup,
@@ -206,7 +268,7 @@ def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | N
         conns[name] = parent
     try:
         for name, conn in conns.items():
-            params[name], policy[name] = conn.recv()
+            params[name], policy[name], flops[name] = conn.recv()
         speeds: dict[str, list[float]] = {name: [] for name in conns}
         for _ in range(rounds):
             for name, conn in conns.items():
@@ -217,7 +279,7 @@ def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | N
             if procs[name].is_alive():
                 conn.send(None)
             procs[name].join(timeout=30)
-    return speeds, params, policy
+    return speeds, params, policy, flops
 
 
 def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, steps: int, warmup: int,
@@ -225,15 +287,24 @@ def run(checkout: Path, *, shape: str, mode: str, precision: str, rounds: int, s
     s = dict(SHAPES[shape], batch=batch or SHAPES[shape]["batch"])
     _official(checkout)  # a bad checkout fails here, in one line, before any process starts
     codes = {"theirs": ("theirs", same_allocator), "ours": ("ours", True)}  # theirs as their train.py runs
-    speeds, params, policy = interleaved_processes(codes, checkout, s, mode=mode, precision=precision, rounds=rounds,
-                                                   steps=steps, warmup=warmup, threads=threads, device=device)
+    speeds, params, policy, flops = interleaved_processes(codes, checkout, s, mode=mode, precision=precision,
+                                                          rounds=rounds, steps=steps, warmup=warmup, threads=threads,
+                                                          device=device)
     ratios = [o / t for o, t in zip(speeds["ours"], speeds["theirs"])]
+    torch.set_num_threads(threads)
+    peak = matmul_rate(precision, device)  # after the rounds, in this process: no code is running beside it
+    tokens = s["batch"] * s["tgt"]
+    rates = {k: [flops[k] * v / tokens / 1e9 for v in vs] for k, vs in speeds.items()}
     return {"shape": shape, "mode": mode, "precision": precision, "threads": threads, "rounds": rounds,
             "steps": steps, "warmup": warmup, "batch": s["batch"], "segment": s["tgt"], "memory": s["mem"],
             "allocator": {k: "repro (freed memory kept)" if v else "C library default" for k, v in policy.items()},
             "tokens_per_s": {k: [round(v, 1) for v in vs] for k, vs in speeds.items()},
             "ratio": [round(r, 3) for r in ratios], "ratio_median": round(statistics.median(ratios), 3),
-            "parameters": params, "device": device_name(device), "torch": torch.__version__}
+            "parameters": params, "device": device_name(device), "torch": torch.__version__,
+            "product_gflop_per_step": {k: round(v / 1e9, 3) for k, v in flops.items()},
+            "product_gflop_per_s": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
+            "matmul_gflop_per_s": round(peak, 1),
+            "product_share": {k: [round(v / peak, 3) for v in vs] for k, vs in rates.items()}}
 
 
 def device_name(device: str) -> str:
@@ -283,3 +354,7 @@ def main(argv: list[str]) -> None:
     print(f"{a.shape} {a.mode} {a.precision}: ours {'/'.join(f'{v:.0f}' for v in tps['ours'])} tokens/s, "
           f"theirs {'/'.join(f'{v:.0f}' for v in tps['theirs'])} → {'–'.join(f'{r:.2f}' for r in row['ratio'])}×",
           flush=True)
+    per_step, share = row["product_gflop_per_step"], row["product_share"]
+    print(f"  matrix products: ours {per_step['ours']:.2f}, theirs {per_step['theirs']:.2f} GFLOP per step; "
+          f"{'–'.join(f'{v:.0%}' for v in share['ours'])} and {'–'.join(f'{v:.0%}' for v in share['theirs'])} of "
+          f"a 2048² product's {row['matmul_gflop_per_s']:.0f} GFLOP/s here", flush=True)
