@@ -166,6 +166,9 @@ def rehearse(argv: list[str]) -> None:
     ws = work / "repo"
     t0 = time.time()
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar while the mirror's GPT-2 is saved
     mirror.build_mirror(work / "mirror")
     # data built from this mirror's files (a rebuilt mirror has other checksums: its data start afresh)
     import hashlib
