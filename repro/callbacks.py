@@ -20,6 +20,9 @@
   at most one every two minutes) — the configs turn the progress bar off (it floods the logs of background jobs);
   `StepProgressBar`: Lightning's bar counting steps of `max_steps` (it reads `Epoch 0/-2` for step-bounded runs),
   used when a run turns the bar on.
+- `RankSeeds` (not added by `repro`; a config lists it under `trainer.callbacks`): under DDP, each rank's random
+  draws (dropout) seeded with the run's seed + its global rank when a fit starts, as LaMemo's `train_ddp.py` seeds
+  `--seed + rank`; without it every rank is seeded alike (as the Transformer-XL, MGK and ∞-former scripts are).
 - `MmapCheckpointIO`: Lightning's checkpoint I/O (every run's `plugins`), except that a local checkpoint is loaded
   memory-mapped: a test of the 841M-parameter One Billion Word model read its 10 GB checkpoint (weights and Adam's
   moments) into memory beside the trained model and peaked at 23.5 GB of this machine's 24; mapped, only the
@@ -335,3 +338,39 @@ class MmapCheckpointIO(TorchCheckpointIO):
             if "mmap" not in str(err):
                 raise
             return torch.load(path, map_location=map_location, weights_only=weights_only)
+
+
+class RankSeeds(Callback):
+    """Seed rank r's generators with seed + r when a DDP fit starts from scratch (LaMemo's `train_ddp.py`:
+    `torch.manual_seed(args.seed + rank)`, `np.random.seed(args.seed + rank)`), so that the ranks draw their own
+    dropout masks. The seed is the run's (`seed_everything`, read when the fit is set up). Nothing happens in a
+    single process, or when the fit resumes from a checkpoint (each rank's generator state is then restored from
+    it, `repro.lm.SegmentLM`). The model is built before this, alike on every rank (DDP starts every rank from rank
+    0's weights in any case), and a data module's stream rotation (`roll`) without a seed of its own is pinned to
+    the run's seed first, so that every rank still rotates the streams alike."""
+
+    def __init__(self):
+        self.seed: int | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        import torch
+
+        if stage != "fit":
+            return
+        self.seed = torch.initial_seed()
+        dm = getattr(trainer, "datamodule", None)
+        if getattr(dm, "roll", False) and getattr(dm, "roll_seed", 0) is None:
+            dm.roll_seed = self.seed
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.world_size <= 1 or trainer.global_step > 0 or self.seed is None:
+            return
+        import random
+
+        import numpy as np
+        import torch
+
+        seed = self.seed + trainer.global_rank
+        torch.manual_seed(seed)  # the CPU's generator and every GPU's
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
