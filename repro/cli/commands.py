@@ -53,8 +53,8 @@ def _describe(args) -> None:
 
 def data_module(config_paths: list[str]):
     """The data module of a config, instantiated from the same parse as `repro fit`'s, without the model and trainer
-    (`repro prepare` built every paper model too: at One Billion Word's 0.8B parameters, minutes of initialisation
-    for nothing)."""
+    (`repro prepare` built every model too: the eleven Transformer-XL paper models, up to One Billion Word large's
+    0.8B parameters, took 64 s to build and were thrown away; the data modules alone take 2 s)."""
     import sys
 
     from jsonargparse import ArgumentParser
