@@ -8,9 +8,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch  # imported where used: `repro tables` and other torch-free commands start 2 s sooner
 
 
 def _umask() -> int:
@@ -74,6 +75,8 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> N
     """Atomically, and byte for byte the same for the same tensors: `torch.save` to a path names the archive's
     records after the file, which here is a random temporary name, so two builds of one data set wrote different
     bytes and a concurrent build broke the other's recorded sha256; through a file object the name is fixed."""
+    import torch
+
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(tensors, f)
 
@@ -90,6 +93,8 @@ def build_lock(folder: str | os.PathLike) -> Iterator[None]:
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Tensors only (`weights_only=True`): a file that carries code is refused, not run."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -107,6 +112,8 @@ def check_checkpoint(path: str | os.PathLike, model: torch.nn.Module) -> dict[st
     provenance the checkpoint carries (`repro_run`: module class, config, experiment, MLflow run; see
     `repro.callbacks.Provenance`), or {} for a checkpoint written without it. Loads with `mmap=True`: the weights
     are not read into memory twice."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--ckpt_path {path}: no such file (a fit writes one with --run.checkpoint PATH)")
