@@ -266,12 +266,16 @@ def test_prepare_manifest_is_the_same_for_a_rebuilt_cache(root, tmp_path, monkey
 
 @pytest.mark.parametrize("config", ["configs/transformer_xl/paper/lm1b_large.yaml", "configs/mgk/paper/lra_listops.yaml",
                                     "configs/infinity_former/paper/sort_4000_infty.yaml",
+                                    "configs/infinity_former/paper/sort_4000_infty.yaml,"
+                                    "configs/rehearsal/SortingDataModule.yaml",  # with the rehearsal's data sizes
                                     "configs/infinity_former/paper/gpt2_wt103_inftyformer.yaml",
                                     "configs/infinity_former/paper/gpt2_dog_inftyformer.yaml"])
 def test_prepare_builds_the_data_module_of_the_fit_without_its_model(root, tmp_path, monkeypatch, config):
     """`repro prepare` instantiates a config's data module alone (the eleven Transformer-XL paper models took 64 s
     to build there, 0.8B parameters for lm1b_large): the same class and the same settings as the data module of `repro fit`'s parse
     (built here with its model on the meta device), and no model built."""
+    import dataclasses
+
     import lightning.pytorch as pl
 
     from repro.cli.cli import build
@@ -280,13 +284,17 @@ def test_prepare_builds_the_data_module_of_the_fit_without_its_model(root, tmp_p
     monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
     built = []
     monkeypatch.setattr(pl.LightningModule, "__init__", lambda self, *a, **k: built.append(self) or None)
-    dm = data_module([str(root / config)])
+    configs = [str(root / c) for c in config.split(",")]
+    dm = data_module(configs)
     assert built == []
     monkeypatch.undo()
     monkeypatch.setenv("REPRO_DATA", str(tmp_path / "data"))
-    ref = build([str(root / config)], meta=True).datamodule
+    ref = build(configs, meta=True).datamodule
 
-    def plain(m):
-        return {k: v for k, v in vars(m).items() if isinstance(v, (int, float, str, bool, type(None), tuple, list, dict))}
+    def plain(m):  # the settings: plain values and dataclasses (the sorting task's SortingSpec holds its sizes)
+        return {k: v for k, v in vars(m).items() if dataclasses.is_dataclass(v) and not isinstance(v, type)
+                or isinstance(v, (int, float, str, bool, type(None), tuple, list, dict))}
 
     assert type(dm) is type(ref) and plain(dm) == plain(ref) and len(plain(dm)) >= 5
+    if len(configs) > 1:  # the override reached the data module
+        assert dm.spec.n_train == 4 and dm.spec.length == 4000
