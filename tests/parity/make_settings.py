@@ -1,0 +1,175 @@
+"""Regenerate `tests/parity/settings.json`, the authors' training and evaluation settings, from their checkouts:
+`python tests/parity/make_settings.py --transformer-xl CHECKOUT --lamemo CHECKOUT --mgk CHECKOUT
+--infinite-former CHECKOUT`.
+
+The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
+them to it. What their runs use is spread over two places: the flags of each released shell script
+(`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line; the ∞-former's
+`sorting/run_sort_inftyformer.sh`) and the argparse
+defaults of the program it calls (`train.py`, `eval.py`, `train_ddp.py`, `eval_ddp.py`) for every flag a script
+leaves out (`--clip 0.25`, `--scheduler cosine`, `--eval-interval 4000`, ...). Both are read as text, without
+running any of their code: the scripts with `shlex`, the programs with `ast` (every `*.add_argument(...)` call:
+its flags, `default`, `type`, `action`; and simple module-level constants such as Transformer-XL's
+`eval_batch_size = 10`). A script's settings are the program's defaults overridden by the script's flags, typed
+as argparse would type them; the argument that a script forwards (`${@:2}`) is left out.
+
+Output: per paper, the checkout's commit, each program's defaults and module-level constants, and per script
+and command (`train`, `eval`; MGK: its `--job_name`, else its `--work_dir`'s name) the program and the flags it
+sets, typed (flags the program does not define under "undefined": argparse would refuse them). A command's settings are its program's defaults updated by its flags (`settings()` in the test).
+Plain JSON: settings are data, none of their code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.parity.common import HERE, checkout_commit  # noqa: E402
+
+OUT = HERE / "settings.json"
+
+
+def program_defaults(path: Path) -> tuple[dict, dict, set[str]]:
+    """(defaults by argparse dest, module-level literal constants, store_true dests) of a Python program."""
+    tree = ast.parse(path.read_text())
+    defaults, flags = {}, set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument" and node.args and isinstance(node.args[0], ast.Constant)):
+            continue
+        name = node.args[0].value
+        if not isinstance(name, str) or not name.startswith("--"):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        dest = ast.literal_eval(kw["dest"]) if "dest" in kw else name[2:].replace("-", "_")
+        action = ast.literal_eval(kw["action"]) if "action" in kw else None
+        if action == "store_true":
+            flags.add(dest)
+            defaults[dest] = False
+            continue
+        value = None
+        if "default" in kw:
+            try:
+                value = ast.literal_eval(kw["default"])
+            except ValueError:  # an expression (e.g. a call): not a setting a script could override by value
+                continue
+        typ = kw.get("type")
+        defaults[dest] = (value, typ.id if isinstance(typ, ast.Name) else None)
+    constants = {}
+    for node in tree.body:  # module level only
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    resolved = {k: (v if k in flags else v[0]) for k, v in defaults.items()}
+    types = {k: v[1] for k, v in defaults.items() if k not in flags}
+    return resolved, {"types": types, "constants": constants}, flags
+
+
+def _typed(value: str, typ: str | None):
+    return {"int": int, "float": float}.get(typ, str)(value)
+
+
+def parse_command(tokens: list[str], program: Path) -> dict:
+    """The flags of one `python PROGRAM FLAGS…` command, typed as PROGRAM's argparse would type them. A flag that
+    PROGRAM does not define goes to "undefined" (argparse would refuse the command), with its value if one follows."""
+    resolved, info, flags = program_defaults(program)
+    explicit, undefined = {}, {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("--"):
+            continue  # ${@:2}: what the caller forwards
+        name, eq, inline = tok[2:].partition("=")
+        dest = name.replace("-", "_")
+        if dest in flags:
+            explicit[dest] = True
+            continue
+        has_value = bool(eq) or (i < len(tokens) and not tokens[i].startswith("--"))
+        value = inline if eq else (tokens[i] if has_value else True)
+        if has_value and not eq:
+            i += 1
+        if dest not in resolved:
+            undefined[dest] = value
+            continue
+        if not has_value:
+            raise ValueError(f"{program.name}: flag {tok} has no value")
+        explicit[dest] = _typed(value, info["types"].get(dest))
+    return {"program": program.name, "explicit": explicit, **({"undefined": undefined} if undefined else {})}
+
+
+def _commands(text: str) -> list[tuple[str | None, list[str]]]:
+    """(branch, tokens after the python program) of every `python … X.py …` command of a shell script; the branch
+    is the `$1` value of the `if`/`elif [[ $1 == 'NAME' ]]` that contains it."""
+    text = text.replace("\\\n", " ")
+    out, branch = [], None
+    for line in text.splitlines():
+        m = re.search(r"\$1\s*==\s*'(\w+)'", line)
+        if m:
+            branch = m.group(1)
+            continue
+        if ".py" not in line or "python" not in line:
+            continue
+        tokens = shlex.split(line, comments=True)
+        at = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
+        out.append((branch, [tokens[at], *tokens[at + 1:]]))
+    return out
+
+
+def script_settings(script: Path, program_dir: Path, programs: dict) -> dict:
+    """{command key: {"program", "explicit"}} of one script; `programs` collects each program's defaults."""
+    out = {}
+    for branch, tokens in _commands(script.read_text()):
+        program = program_dir / Path(tokens[0]).name
+        if program.name not in programs:
+            resolved, info, _ = program_defaults(program)
+            programs[program.name] = {"defaults": resolved, "constants": info["constants"]}
+        cmd = parse_command(tokens[1:], program)
+        key = branch or cmd["explicit"].get("job_name") or Path(str(cmd["explicit"].get("work_dir", "command"))).name
+        if key in out:
+            if out[key]["explicit"] == cmd["explicit"]:
+                continue  # MGK's script repeats some commands verbatim
+            key = f"{key}#{sum(k.split('#')[0] == key for k in out) + 1}"
+        out[key] = cmd
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--transformer-xl", type=Path, required=True, help="checkout of kimiyoung/transformer-xl")
+    ap.add_argument("--lamemo", type=Path, required=True, help="checkout of thu-coai/LaMemo")
+    ap.add_argument("--mgk", type=Path, required=True, help="checkout of minhtannguyen/transformer-mgk")
+    ap.add_argument("--infinite-former", type=Path, required=True, help="checkout of deep-spin/infinite-former")
+    args = ap.parse_args(argv)
+    sources = {
+        "transformer_xl": ("kimiyoung/transformer-xl", args.transformer_xl, "pytorch", "run_*.sh"),
+        "lamemo": ("thu-coai/LaMemo", args.lamemo, "pytorch", "run_*.sh"),
+        "mgk": ("minhtannguyen/transformer-mgk", args.mgk, "language-modeling/lmtool-fwms/src", "script.sh"),
+        "infinity_former": ("deep-spin/infinite-former", args.infinite_former, "sorting", "run_*.sh"),
+    }
+    result = {}
+    for paper, (repo, checkout, folder, pattern) in sources.items():
+        scripts = sorted((checkout / folder).glob(pattern))
+        if not scripts:
+            raise SystemExit(f"{checkout / folder}: no {pattern}; is {checkout} a checkout of {repo}?")
+        programs: dict = {}
+        result[paper] = {"repo": repo, "commit": checkout_commit(checkout),
+                         "scripts": {s.stem: script_settings(s, checkout / folder, programs) for s in scripts},
+                         "programs": programs}
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    tmp.replace(OUT)
+    n = sum(len(c) for p in result.values() for c in p["scripts"].values())
+    print(f"{OUT}: {n} commands of {sum(len(p['scripts']) for p in result.values())} scripts")
+
+
+if __name__ == "__main__":
+    main()
