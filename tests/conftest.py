@@ -1,5 +1,5 @@
-"""Settings of every test session: one offline data cache, two threads, the device of REPRO_TEST_DEVICE, bf16
-autocast through float32 products on CPUs without bf16 kernels, and the order of the tests (`first` before the rest)."""
+"""Settings of every test session: one offline data cache, two threads, the device of REPRO_TEST_DEVICE, and bf16
+autocast through float32 products on CPUs without bf16 kernels (as the `repro` command)."""
 
 import os
 from pathlib import Path
@@ -25,14 +25,6 @@ from repro.precision import emulate_bf16_matmul  # noqa: E402
 emulate_bf16_matmul()
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `first` (minutes each, where the others take seconds) start the session: with `-n 2` one worker
-    runs them while the other works through the rest, and `--dist worksteal` (pyproject) moves the rest of the busy
-    worker's share to the free one. In collection order the CI rehearsal (12 minutes here) started after 600 s of
-    other tests and then ran alone: 1,348 s for the suite (2026-11-27)."""
-    items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

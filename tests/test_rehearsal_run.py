@@ -50,7 +50,6 @@ def _check_paper_cells(ws: Path, papers=PAPERS) -> None:
         assert "REHEARSAL of the paper profile" in tables
 
 
-@pytest.mark.first
 def test_rehearsal_ci_subset():
     """One experiment of each paper at its paper size, from the mirror's download to the tables."""
     _rehearse("--subset", "ci")
@@ -64,7 +63,6 @@ def test_rehearsal_ci_subset():
 
 
 @pytest.mark.rehearsal
-@pytest.mark.first
 def test_rehearsal_every_stage():
     """Every stage of the four papers, then the 2-process DDP fits of each paper's main model."""
     _rehearse("--subset", "all", "--keep-going")
