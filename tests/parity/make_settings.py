@@ -5,7 +5,7 @@
 The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
 them to it. What their runs use is spread over two places: the flags of each released shell script
 (`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line; the ∞-former's
-`sorting/run_sort_inftyformer.sh`) and the argparse
+`sorting/run_sort_inftyformer.sh`; MGK's Long Range Arena commands, in the code blocks of `lra/README.md`) and the argparse
 defaults of the program it calls (`train.py`, `eval.py`, `train_ddp.py`, `eval_ddp.py`) for every flag a script
 leaves out (`--clip 0.25`, `--scheduler cosine`, `--eval-interval 4000`, ...). Both are read as text, without
 running any of their code: the scripts with `shlex`, the programs with `ast` (every `*.add_argument(...)` call:
@@ -14,7 +14,8 @@ its flags, `default`, `type`, `action`; and simple module-level constants such a
 as argparse would type them; the argument that a script forwards (`${@:2}`) is left out.
 
 Output: per paper, the checkout's commit, each program's defaults and module-level constants, and per script
-and command (`train`, `eval`; MGK: its `--job_name`, else its `--work_dir`'s name) the program and the flags it
+and command (`train`, `eval`; MGK: its `--job_name`, else its `--work_dir`'s name; a README: the
+line above its code block) the program and the flags it
 sets, typed (flags the program does not define under "undefined": argparse would refuse them). A command's settings are its program's defaults updated by its flags (`settings()` in the test).
 Plain JSON: settings are data, none of their code.
 """
@@ -74,7 +75,8 @@ def program_defaults(path: Path) -> tuple[dict, dict, set[str]]:
 
 
 def _typed(value: str, typ: str | None):
-    return {"int": int, "float": float}.get(typ, str)(value)
+    """As argparse types a flag's value: `type=bool` makes any non-empty string True ("False" included)."""
+    return {"int": int, "float": float, "bool": bool}.get(typ, str)(value)
 
 
 def parse_command(tokens: list[str], program: Path) -> dict:
@@ -106,9 +108,10 @@ def parse_command(tokens: list[str], program: Path) -> dict:
     return {"program": program.name, "explicit": explicit, **({"undefined": undefined} if undefined else {})}
 
 
-def _commands(text: str) -> list[tuple[str | None, list[str]]]:
-    """(branch, tokens after the python program) of every `python … X.py …` command of a shell script; the branch
-    is the `$1` value of the `if`/`elif [[ $1 == 'NAME' ]]` that contains it."""
+def _commands(text: str, *, markdown: bool = False) -> list[tuple[str | None, list[str]]]:
+    """(key, tokens from the python program on) of every `python … X.py …` command of a shell script: the key is
+    the `$1` value of the `if`/`elif [[ $1 == 'NAME' ]]` that contains it. In a README (`markdown`) the commands
+    stand in code blocks and the key is the line of text above the block (a heading without its #s)."""
     text = text.replace("\\\n", " ")
     out, branch = [], None
     for line in text.splitlines():
@@ -117,8 +120,10 @@ def _commands(text: str) -> list[tuple[str | None, list[str]]]:
             branch = m.group(1)
             continue
         if ".py" not in line or "python" not in line:
+            if markdown and line.strip() and not line.startswith("```"):
+                branch = line.strip().lstrip("#").strip()
             continue
-        tokens = shlex.split(line, comments=True)
+        tokens = shlex.split(line, comments=not markdown)
         at = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
         out.append((branch, [tokens[at], *tokens[at + 1:]]))
     return out
@@ -127,7 +132,7 @@ def _commands(text: str) -> list[tuple[str | None, list[str]]]:
 def script_settings(script: Path, program_dir: Path, programs: dict) -> dict:
     """{command key: {"program", "explicit"}} of one script; `programs` collects each program's defaults."""
     out = {}
-    for branch, tokens in _commands(script.read_text()):
+    for branch, tokens in _commands(script.read_text(), markdown=script.suffix == ".md"):
         program = program_dir / Path(tokens[0]).name
         if program.name not in programs:
             resolved, info, _ = program_defaults(program)
@@ -154,6 +159,7 @@ def main(argv=None) -> None:
         "lamemo": ("thu-coai/LaMemo", args.lamemo, "pytorch", "run_*.sh"),
         "mgk": ("minhtannguyen/transformer-mgk", args.mgk, "language-modeling/lmtool-fwms/src", "script.sh"),
         "infinity_former": ("deep-spin/infinite-former", args.infinite_former, "sorting", "run_*.sh"),
+        "mgk_lra": ("minhtannguyen/transformer-mgk", args.mgk, "lra", "README.md"),
     }
     result = {}
     for paper, (repo, checkout, folder, pattern) in sources.items():
