@@ -5,18 +5,21 @@
 The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
 them to it. What their runs use is spread over two places: the flags of each released shell script
 (`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line; the ∞-former's
-`sorting/run_sort_inftyformer.sh`; MGK's Long Range Arena commands, in the code blocks of `lra/README.md`) and the argparse
+`sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README, and the defaults of its dialogue
+`document_grounded_generation/train.py`, for which no command was released; MGK's Long Range Arena commands, in the
+code blocks of `lra/README.md`) and the argparse
 defaults of the program it calls (`train.py`, `eval.py`, `train_ddp.py`, `eval_ddp.py`) for every flag a script
 leaves out (`--clip 0.25`, `--scheduler cosine`, `--eval-interval 4000`, ...). Both are read as text, without
 running any of their code: the scripts with `shlex`, the programs with `ast` (every `*.add_argument(...)` call:
-its flags, `default`, `type`, `action`; and simple module-level constants such as Transformer-XL's
-`eval_batch_size = 10`). A script's settings are the program's defaults overridden by the script's flags, typed
+its flags, `default`, `type`, `action`; the dataclass fields of a program that parses with `HfArgumentParser`;
+and simple module-level constants such as Transformer-XL's `eval_batch_size = 10`). A script's settings are the program's defaults overridden by the script's flags, typed
 as argparse would type them; the argument that a script forwards (`${@:2}`) is left out.
 
 Output: per paper, the checkout's commit, each program's defaults and module-level constants, and per script
 and command (`train`, `eval`; MGK: its `--job_name`, else its `--work_dir`'s name; a README: the
 line above its code block) the program and the flags it
-sets, typed (flags the program does not define under "undefined": argparse would refuse them). A command's settings are its program's defaults updated by its flags (`settings()` in the test).
+sets, typed (flags the program does not define under "undefined": argparse would refuse them; flags that a README
+block leaves after the command's end under "detached"). A command's settings are its program's defaults updated by its flags (`settings()` in the test).
 Plain JSON: settings are data, none of their code.
 """
 
@@ -36,10 +39,39 @@ from tests.parity.common import HERE, checkout_commit  # noqa: E402
 OUT = HERE / "settings.json"
 
 
-def program_defaults(path: Path) -> tuple[dict, dict, set[str]]:
-    """(defaults by argparse dest, module-level literal constants, store_true dests) of a Python program."""
+def _dataclass_fields(tree: ast.Module, defaults: dict, flags: set[str]) -> None:
+    """The fields of every class of a module, as `HfArgumentParser` turns dataclasses into flags: a bool field is a
+    flag (`--do_train` alone sets it), any other takes a value typed by its annotation."""
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for node in cls.body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)) or node.value is None:
+                continue
+            value = node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+                kw = {k.arg: k.value for k in value.keywords}
+                value = kw.get("default", ast.Constant(None))  # required, or a default_factory: no literal
+            try:
+                value = ast.literal_eval(value)
+            except ValueError:
+                continue
+            annotation = ast.unparse(node.annotation)
+            if "bool" in annotation:
+                flags.add(node.target.id)
+                defaults[node.target.id] = bool(value)
+            else:
+                typ = next((t for t in ("int", "float") if t in annotation), None)
+                defaults[node.target.id] = (value, typ)
+
+
+def program_defaults(path: Path, dataclass_files: tuple[Path, ...] = ()) -> tuple[dict, dict, set[str]]:
+    """(defaults by argparse dest, module-level literal constants, store_true dests) of a Python program. A program
+    that parses its flags with `HfArgumentParser` gets the fields of its own dataclasses and of `dataclass_files`
+    (the Trainer's `TrainingArguments`)."""
     tree = ast.parse(path.read_text())
     defaults, flags = {}, set()
+    if "HfArgumentParser" in path.read_text():
+        for f in (path, *dataclass_files):
+            _dataclass_fields(ast.parse(f.read_text()), defaults, flags)
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "add_argument" and node.args and isinstance(node.args[0], ast.Constant)):
@@ -79,10 +111,10 @@ def _typed(value: str, typ: str | None):
     return {"int": int, "float": float, "bool": bool}.get(typ, str)(value)
 
 
-def parse_command(tokens: list[str], program: Path) -> dict:
+def parse_command(tokens: list[str], program: Path, dataclass_files: tuple[Path, ...] = ()) -> dict:
     """The flags of one `python PROGRAM FLAGS…` command, typed as PROGRAM's argparse would type them. A flag that
     PROGRAM does not define goes to "undefined" (argparse would refuse the command), with its value if one follows."""
-    resolved, info, flags = program_defaults(program)
+    resolved, info, flags = program_defaults(program, dataclass_files)
     explicit, undefined = {}, {}
     i = 0
     while i < len(tokens):
@@ -92,8 +124,11 @@ def parse_command(tokens: list[str], program: Path) -> dict:
             continue  # ${@:2}: what the caller forwards
         name, eq, inline = tok[2:].partition("=")
         dest = name.replace("-", "_")
-        if dest in flags:
+        if dest in flags and not eq:
             explicit[dest] = True
+            continue
+        if dest in flags:  # `--flag=True` (HfArgumentParser's bool fields)
+            explicit[dest] = inline.lower() in ("true", "1", "yes")
             continue
         has_value = bool(eq) or (i < len(tokens) and not tokens[i].startswith("--"))
         value = inline if eq else (tokens[i] if has_value else True)
@@ -108,10 +143,11 @@ def parse_command(tokens: list[str], program: Path) -> dict:
     return {"program": program.name, "explicit": explicit, **({"undefined": undefined} if undefined else {})}
 
 
-def _commands(text: str, *, markdown: bool = False) -> list[tuple[str | None, list[str]]]:
-    """(key, tokens from the python program on) of every `python … X.py …` command of a shell script: the key is
-    the `$1` value of the `if`/`elif [[ $1 == 'NAME' ]]` that contains it. In a README (`markdown`) the commands
-    stand in code blocks and the key is the line of text above the block (a heading without its #s)."""
+def _commands(text: str, *, markdown: bool = False) -> list[tuple[str | None, list[str], list[str]]]:
+    """(key, tokens from the python program on, detached tokens) of every `python … X.py …` command of a shell
+    script: the key is the `$1` value of the `if`/`elif [[ $1 == 'NAME' ]]` that contains it. In a README
+    (`markdown`) the commands stand in code blocks and the key is the line of text above the block; flags on lines
+    of the same block after the command ended (a missing `\\`) are its detached tokens: a shell would not pass them."""
     text = text.replace("\\\n", " ")
     out, branch = [], None
     for line in text.splitlines():
@@ -120,24 +156,31 @@ def _commands(text: str, *, markdown: bool = False) -> list[tuple[str | None, li
             branch = m.group(1)
             continue
         if ".py" not in line or "python" not in line:
-            if markdown and line.strip() and not line.startswith("```"):
+            if markdown and line.strip().startswith("--") and out:
+                out[-1][2].extend(shlex.split(line))
+            elif markdown and line.strip() and not line.startswith("```"):
                 branch = line.strip().lstrip("#").strip()
             continue
         tokens = shlex.split(line, comments=not markdown)
         at = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
-        out.append((branch, [tokens[at], *tokens[at + 1:]]))
+        out.append((branch, [tokens[at], *tokens[at + 1:]], []))
     return out
 
 
-def script_settings(script: Path, program_dir: Path, programs: dict) -> dict:
-    """{command key: {"program", "explicit"}} of one script; `programs` collects each program's defaults."""
+def script_settings(script: Path, program_dir: Path, programs: dict, dataclass_files: tuple[Path, ...] = ()) -> dict:
+    """{command key: {"program", "explicit"}} of one script; `programs` collects each program's defaults. A program
+    is found at its path from `program_dir` (`./finetune_gpt2/…/run_clm.py`), else by its name there."""
     out = {}
-    for branch, tokens in _commands(script.read_text(), markdown=script.suffix == ".md"):
-        program = program_dir / Path(tokens[0]).name
+    for branch, tokens, detached in _commands(script.read_text(), markdown=script.suffix == ".md"):
+        program = program_dir / tokens[0]
+        if not program.exists():
+            program = program_dir / Path(tokens[0]).name
         if program.name not in programs:
-            resolved, info, _ = program_defaults(program)
+            resolved, info, _ = program_defaults(program, dataclass_files)
             programs[program.name] = {"defaults": resolved, "constants": info["constants"]}
-        cmd = parse_command(tokens[1:], program)
+        cmd = parse_command(tokens[1:], program, dataclass_files)
+        if detached:
+            cmd["detached"] = parse_command(detached, program, dataclass_files)["explicit"]
         key = branch or cmd["explicit"].get("job_name") or Path(str(cmd["explicit"].get("work_dir", "command"))).name
         if key in out:
             if out[key]["explicit"] == cmd["explicit"]:
@@ -160,15 +203,26 @@ def main(argv=None) -> None:
         "mgk": ("minhtannguyen/transformer-mgk", args.mgk, "language-modeling/lmtool-fwms/src", "script.sh"),
         "infinity_former": ("deep-spin/infinite-former", args.infinite_former, "sorting", "run_*.sh"),
         "mgk_lra": ("minhtannguyen/transformer-mgk", args.mgk, "lra", "README.md"),
+        # Table 1's GPT-2 commands (the repository's README; run_clm.py parses its flags with HfArgumentParser)
+        "infinity_former_gpt2": ("deep-spin/infinite-former", args.infinite_former, ".", "README.md"),
+        # Table 2's dialogue: no command was released, the program's defaults alone
+        "infinity_former_dialogue": ("deep-spin/infinite-former", args.infinite_former, "document_grounded_generation",
+                                     "train.py"),
     }
+    dataclass_files = {"infinity_former_gpt2": (args.infinite_former / "finetune_gpt2/src/transformers/training_args.py",)}
     result = {}
     for paper, (repo, checkout, folder, pattern) in sources.items():
         scripts = sorted((checkout / folder).glob(pattern))
         if not scripts:
             raise SystemExit(f"{checkout / folder}: no {pattern}; is {checkout} a checkout of {repo}?")
         programs: dict = {}
+        if pattern.endswith(".py"):  # a program without a released command: its defaults
+            resolved, info, _ = program_defaults(scripts[0])
+            programs[scripts[0].name] = {"defaults": resolved, "constants": info["constants"]}
+            scripts = []
         result[paper] = {"repo": repo, "commit": checkout_commit(checkout),
-                         "scripts": {s.stem: script_settings(s, checkout / folder, programs) for s in scripts},
+                         "scripts": {s.stem: script_settings(s, checkout / folder, programs, dataclass_files.get(paper, ()))
+                                     for s in scripts},
                          "programs": programs}
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

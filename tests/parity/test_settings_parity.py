@@ -399,6 +399,69 @@ def test_mgk_lra_configs_keep_run_tasks_model_and_optimiser(task):
     assert compare(rows) == []
 
 
+# GPT-2 with memories. Table 1: the README's run_clm.py command (HfArgumentParser over run_clm.py's dataclasses and
+# the vendored Trainer's TrainingArguments). Its last two lines, `--kl_regularizer` and `--kl_m=.000001`, follow a
+# line without `\\`: a shell would not pass them. The configs follow what they ask for (λ_KL = 1e-6, README).
+GPT2_MAPPED = {"model_name_or_path", "model_type", "config_name", "per_device_train_batch_size",
+               "per_device_eval_batch_size", "block_size", "kl_regularizer", "kl_m",
+               # the run's files and what to run: data paths (the data module's source), the output folder
+               "train_file", "validation_file", "output_dir", "do_train", "do_eval"}
+GPT2_CONFIGS = [f"gpt2_{d}_{m}" for d in ("wt103", "pg19") for m in ("gpt2", "compressive", "inftyformer",
+                                                                    "inftyformer_sticky")]
+
+
+@pytest.mark.parametrize("config", GPT2_CONFIGS)
+def test_infinity_former_gpt2_lm_config_equals_the_readme_command(config):
+    key = next(k for k in SETTINGS["infinity_former_gpt2"]["scripts"]["README"] if "fine-tune" in k)
+    cmd = SETTINGS["infinity_former_gpt2"]["scripts"]["README"][key]
+    t = theirs("infinity_former_gpt2", "README", key, **cmd["detached"])
+    o = ours(f"configs/infinity_former/paper/{config}.yaml")
+    memory = not config.endswith("_gpt2")
+    rows = [("model.pretrained", o["model.pretrained"], t["model_name_or_path"]),
+            ("optim.lr", o["model.optim.lr"], t["learning_rate"]),
+            *([("optim.lr_memory", o["model.optim.lr_memory"], t["learning_rate_ltm"])] if memory else []),
+            ("optim.schedule", o["model.optim.schedule"], t["lr_scheduler_type"]),
+            ("optim.warmup_steps", o["model.optim.warmup_steps"], t["warmup_steps"]),
+            ("optim.weight_decay", o["model.optim.weight_decay"], t["weight_decay"]),
+            ("optim.betas", tuple(o["model.optim.betas"]), (t["adam_beta1"], t["adam_beta2"])),
+            ("optim.eps", o["model.optim.eps"], t["adam_epsilon"]),
+            ("trainer.gradient_clip_val", o["trainer.gradient_clip_val"], t["max_grad_norm"]),
+            ("trainer.max_epochs", o["trainer.max_epochs"], t["num_train_epochs"]),
+            ("trainer.max_steps", o["trainer.max_steps"], t["max_steps"]),
+            ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["gradient_accumulation_steps"]),
+            ("data.block_size", o["data.block_size"], t["block_size"]),
+            ("data.batch_size", o["data.batch_size"], t["per_device_train_batch_size"]),
+            ("data.eval_batch_size", o["data.eval_batch_size"], t["per_device_eval_batch_size"]),
+            ("seed_everything", o["seed_everything"], t["seed"]),
+            ("trainer.precision", o["trainer.precision"], "16-mixed" if t["fp16"] else "32-true")]
+    if memory and "inftyformer" in config:
+        rows += [("ltm.kl_weight", o["model.memory_hook.args.ltm.kl_weight"], t["kl_m"] if t["kl_regularizer"] else 0.0),
+                 ("ltm.sampling", o["model.memory_hook.args.ltm.sampling"],
+                  "sticky" if config.endswith("sticky") else "linear")]
+    assert compare(rows) == []
+    assert (set(cmd["explicit"]) | set(cmd["detached"])) - GPT2_MAPPED == set()
+
+
+@pytest.mark.parametrize("config", [f"gpt2_dog_{m}" for m in ("gpt2", "nodoc", "compressive", "inftyformer",
+                                                             "inftyformer_sticky")])
+def test_infinity_former_dialogue_config_keeps_train_py_defaults(config):
+    """Table 2: no command was released; document_grounded_generation/train.py's defaults."""
+    t = SETTINGS["infinity_former_dialogue"]["programs"]["train.py"]["defaults"]
+    o = ours(f"configs/infinity_former/paper/{config}.yaml")
+    rows = [("optim.lr", o["model.optim.lr"], t["lr"]),
+            ("optim.lr_memory (one rate: --lr_ltm 0)", o["model.optim.lr_memory"], None if not t["lr_ltm"] else t["lr_ltm"]),
+            ("optim.clip (per conversation step)", o["model.optim.clip"], t["max_norm"]),
+            ("optim.step_per", o["model.optim.step_per"], "conversation"),  # one update per conversation, batch 1
+            ("data.block_size", o["data.block_size"], t["max_len"]),
+            ("trainer.max_epochs", o["trainer.max_epochs"], t["n_epochs"]),
+            ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["gradient_accumulation_steps"]),
+            ("seed_everything", o["seed_everything"], t["seed"]),
+            ("trainer.precision", o["trainer.precision"], "32-true" if not t["fp16"] else "16-mixed")]
+    if "inftyformer" in config:  # --kl_m's default, with the regulariser on (README: λ_KL of the dialogue script)
+        rows += [("ltm.kl_weight", o["model.memory_hook.args.ltm.kl_weight"], t["kl_m"])]
+    assert compare(rows) == []
+
+
 def test_a_changed_setting_is_caught():
     """The comparison is not vacuous: one of Transformer-XL's settings moved in an override fails it."""
     t = theirs("transformer_xl", "run_wt103_base", "train")
