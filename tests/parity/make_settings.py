@@ -1,13 +1,14 @@
 """Regenerate `tests/parity/settings.json`, the authors' training and evaluation settings, from their checkouts:
 `python tests/parity/make_settings.py --transformer-xl CHECKOUT --lamemo CHECKOUT --mgk CHECKOUT
---infinite-former CHECKOUT`.
+--infinite-former CHECKOUT --nystromformer CHECKOUT`.
 
 The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
 them to it. What their runs use is spread over two places: the flags of each released shell script
 (`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line; the ∞-former's
 `sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README, and the defaults of its dialogue
 `document_grounded_generation/train.py`, for which no command was released; MGK's Long Range Arena commands, in the
-code blocks of `lra/README.md`) and the argparse
+code blocks of `lra/README.md`, and the task settings of Nyströmformer's `LRA/code/lra_config.py`, whose pipeline
+MGK's LRA code reuses) and the argparse
 defaults of the program it calls (`train.py`, `eval.py`, `train_ddp.py`, `eval_ddp.py`) for every flag a script
 leaves out (`--clip 0.25`, `--scheduler cosine`, `--eval-interval 4000`, ...). Both are read as text, without
 running any of their code: the scripts with `shlex`, the programs with `ast` (every `*.add_argument(...)` call:
@@ -196,6 +197,8 @@ def main(argv=None) -> None:
     ap.add_argument("--lamemo", type=Path, required=True, help="checkout of thu-coai/LaMemo")
     ap.add_argument("--mgk", type=Path, required=True, help="checkout of minhtannguyen/transformer-mgk")
     ap.add_argument("--infinite-former", type=Path, required=True, help="checkout of deep-spin/infinite-former")
+    ap.add_argument("--nystromformer", type=Path, required=True,
+                    help="checkout of mlpen/Nystromformer (LRA/code/lra_config.py: the LRA settings MGK's configs cite)")
     args = ap.parse_args(argv)
     sources = {
         "transformer_xl": ("kimiyoung/transformer-xl", args.transformer_xl, "pytorch", "run_*.sh"),
@@ -224,11 +227,20 @@ def main(argv=None) -> None:
                          "scripts": {s.stem: script_settings(s, checkout / folder, programs, dataclass_files.get(paper, ()))
                                      for s in scripts},
                          "programs": programs}
+    # the LRA settings by task of Nyströmformer's code, which MGK's LRA pipeline comes from (a dict literal)
+    lra_config = args.nystromformer / "LRA" / "code" / "lra_config.py"
+    if not lra_config.exists():
+        raise SystemExit(f"{lra_config}: missing; is {args.nystromformer} a checkout of mlpen/Nystromformer?")
+    assign = next(n for n in ast.parse(lra_config.read_text()).body if isinstance(n, ast.Assign))
+    tasks = ast.literal_eval(assign.value)
+    result["nystromformer_lra"] = {"repo": "mlpen/Nystromformer", "commit": checkout_commit(args.nystromformer),
+                                   "config": {k: {part: v[part] for part in ("dataset", "model", "training") if part in v}
+                                              for k, v in tasks.items()}}
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     tmp.replace(OUT)
-    n = sum(len(c) for p in result.values() for c in p["scripts"].values())
-    print(f"{OUT}: {n} commands of {sum(len(p['scripts']) for p in result.values())} scripts")
+    n = sum(len(c) for p in result.values() for c in p.get("scripts", {}).values())
+    print(f"{OUT}: {n} commands of {sum(len(p.get('scripts', {})) for p in result.values())} scripts")
 
 
 if __name__ == "__main__":

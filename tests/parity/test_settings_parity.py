@@ -1,8 +1,9 @@
 """The paper configs against the authors' released run scripts: every training and evaluation setting, one by one.
 
 `configs/<paper>/paper/*.yaml` claim the authors' exact settings. Their runs' settings are the flags of each
-released script plus the defaults of the program it calls (`tests/parity/settings.json`, written by
-`make_settings.py` from the checkouts: their scripts and argparse defaults read as text). Each of our configs is
+released script (or README command) plus the defaults of the program it calls (`tests/parity/settings.json`,
+written by `make_settings.py` from the checkouts: their scripts, commands and the programs' argparse or dataclass
+defaults, read as text; for the ∞-former's dialogue, which has no released command, the program's defaults). Each of our configs is
 parsed exactly as `repro fit` parses it (dataclass defaults filled in), and compared field by field with the
 script it follows: the model's shape, dropout, initialisation, memory, clamp and same_length, the optimiser and
 its schedule, batch and segment lengths, steps, clipping, validation interval, seed, precision, and the
@@ -72,7 +73,7 @@ def compare(rows: list[tuple[str, object, object]]) -> list[str]:
 
 # flags that set where or how a run is placed, logged or saved, not what it computes
 NOT_SETTINGS = {"cuda", "data", "work_dir", "multi_gpu", "gpu0_bsz", "split", "log_interval", "use_wandb",
-                "project_name", "job_name", "batch_chunk", "name"}
+                "project_name", "job_name", "name"}
 # attn_type of the reference → our attention
 ATTENTION = {0: "relative", 2: "absolute", 200: "absolute", 34: "absolute", 400: "absolute"}
 
@@ -133,7 +134,7 @@ TRAIN_MAPPED = {"n_layer", "d_model", "n_head", "d_head", "d_inner", "dropout", 
                 "lr", "warmup_step", "scheduler", "eta_min", "weight_decay", "tgt_len", "eval_tgt_len", "max_step",
                 "eval_interval", "seed", "dataset", "adaptive", "batch_size", "clip", "fp16", "attn_type",
                 "eval_batch_size", "roll", "varlen", "sample_softmax", "ext_len", "clip_nonemb", "init", "emb_init",
-                "restart"}
+                "restart", "batch_chunk"}
 EVAL_MAPPED = {"mem_len", "clamp_len", "same_length", "tgt_len", "batch_size", "dataset", "ext_len"}
 
 # ---------------------------------------------------------------------------------------------------- Transformer-XL
@@ -329,8 +330,8 @@ def test_infinity_former_sorting_config_equals_the_script(config):
     assert set(cmd["explicit"]) - INFTY_MAPPED - NOT_SETTINGS == set()
 
 
-# MGK's Long Range Arena: lra/README.md gives the commands of Retrieval only (run_tasks.py; the other tasks'
-# settings are the paper's appendix, not code). Their shared training settings against lra_retrieval.yaml.
+# MGK's Long Range Arena: lra/README.md gives the commands of Retrieval only (run_tasks.py), against
+# lra_retrieval.yaml; the other tasks below.
 LRA_MAPPED = {"model", "task", "batch_size", "warmup", "learning_rate", "weight_decay", "num_layers", "max_seq_len",
               "num_train_steps", "eval_frequency", "num_head", "key2", "multi_gauss", "hard_em", "soft_em",
               # not settings of a run here: the split sizes (ours reads every example of each split: the same
@@ -396,6 +397,34 @@ def test_mgk_lra_configs_keep_run_tasks_model_and_optimiser(task):
             ("optim.adam_eps", o["model.optim.adam_eps"], t["adam_eps"]),
             ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["accu_grad_step"]),
             ("model.attention_fp32", o["model.attention_fp32"], True)]
+    assert compare(rows) == []
+
+
+# where each LRA config's batch, steps, warm-up and validation interval come from (the configs' header comments):
+# ListOps and Text run run_tasks.py's defaults (for Text the same as Nyströmformer's lra_config.py, whose pipeline
+# MGK's code reuses), Retrieval the MGK README's commands (above), Image and Pathfinder Nyströmformer's lra_config.py
+LRA_TRAINING = {"listops": "run_tasks.py", "text": "run_tasks.py", "image": "image", "pathfinder": "pathfinder32"}
+
+
+@pytest.mark.parametrize("task", sorted(LRA_TRAINING))
+def test_mgk_lra_training_settings_equal_their_source(task):
+    source = LRA_TRAINING[task]
+    if source == "run_tasks.py":
+        t = SETTINGS["mgk_lra"]["programs"]["run_tasks.py"]["defaults"]
+    else:
+        t = SETTINGS["nystromformer_lra"]["config"][source]["training"]
+    o = ours(f"configs/mgk/paper/lra_{task}.yaml")
+    rows = [("data.batch_size", o["data.batch_size"], t["batch_size"]),
+            ("optim.lr", o["model.optim.lr"], t["learning_rate"]),
+            ("optim.warmup_steps", o["model.optim.warmup_steps"], t["warmup"]),
+            ("optim.schedule (OneCycleLR, linear)", "linear", t["lr_decay"]),
+            ("optim.weight_decay", o["model.optim.weight_decay"], t["weight_decay"]),
+            ("trainer.max_steps", o["trainer.max_steps"], t["num_train_steps"]),
+            ("trainer.val_check_interval", o["trainer.val_check_interval"], t["eval_frequency"])]
+    if task == "text":  # the two sources agree
+        n = SETTINGS["nystromformer_lra"]["config"]["text"]["training"]
+        rows += [(f"text: run_tasks.py {k} = Nyströmformer's", t[k], n[k])
+                 for k in ("batch_size", "learning_rate", "warmup", "num_train_steps", "eval_frequency")]
     assert compare(rows) == []
 
 
