@@ -4,7 +4,7 @@
 
 The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
 them to it. What their runs use is spread over two places: the flags of each released shell script
-(`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line; the ∞-former's
+(`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line, and the commands of that folder's README; the ∞-former's
 `sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README, and the defaults of its dialogue
 `document_grounded_generation/train.py`, for which no command was released; MGK's Long Range Arena commands, in the
 code blocks of `lra/README.md`, and the task settings of Nyströmformer's `LRA/code/lra_config.py`, whose pipeline
@@ -138,9 +138,8 @@ def parse_command(tokens: list[str], program: Path, dataclass_files: tuple[Path,
         if dest not in resolved:
             undefined[dest] = value
             continue
-        if not has_value:
-            raise ValueError(f"{program.name}: flag {tok} has no value")
-        explicit[dest] = _typed(value, info["types"].get(dest))
+        # a valued flag without its value (a README's last `--work_dir `) is kept as None: argparse would refuse it
+        explicit[dest] = _typed(value, info["types"].get(dest)) if has_value else None
     return {"program": program.name, "explicit": explicit, **({"undefined": undefined} if undefined else {})}
 
 
@@ -206,6 +205,8 @@ def main(argv=None) -> None:
         "mgk": ("minhtannguyen/transformer-mgk", args.mgk, "language-modeling/lmtool-fwms/src", "script.sh"),
         "infinity_former": ("deep-spin/infinite-former", args.infinite_former, "sorting", "run_*.sh"),
         "mgk_lra": ("minhtannguyen/transformer-mgk", args.mgk, "lra", "README.md"),
+        # the WikiText-103 commands of the language-modelling README (training and sliding-window evaluation)
+        "mgk_lm_readme": ("minhtannguyen/transformer-mgk", args.mgk, "language-modeling/lmtool-fwms", "README.md"),
         # Table 1's GPT-2 commands (the repository's README; run_clm.py parses its flags with HfArgumentParser)
         "infinity_former_gpt2": ("deep-spin/infinite-former", args.infinite_former, ".", "README.md"),
         # Table 2's dialogue: no command was released, the program's defaults alone

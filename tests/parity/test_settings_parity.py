@@ -237,10 +237,26 @@ def test_mgk_script_commands_share_every_training_setting():
         assert {k: t[k] for k in MGK_SHARED} == {k: base[k] for k in MGK_SHARED}, key
 
 
-@pytest.mark.parametrize("config", ["wt103_softmax8", "wt103_mgk4", "wt103_mgk8", "wt103_smgk8", "wt103_linear8",
-                                    "wt103_mlk4", "wt103_mlk8"])
-def test_mgk_paper_config_equals_the_script(config):
-    t = theirs("mgk", "script", "softmax-seed-1111", n_head=int(config[-1]))
+# our config → the command it follows: lmtool-fwms/README.md's Softmax, MGK and MLK commands (8 heads; the 4-head
+# models are the same commands with --n_head 4); sMGK and linear have none there, script.sh's softmax command gives
+# their shared settings
+MGK_COMMAND = {"wt103_softmax8": ("mgk_lm_readme", "README", "Softmax"), "wt103_mgk4": ("mgk_lm_readme", "README", "MGK"),
+               "wt103_mgk8": ("mgk_lm_readme", "README", "MGK"), "wt103_mlk4": ("mgk_lm_readme", "README", "MLK"),
+               "wt103_mlk8": ("mgk_lm_readme", "README", "MLK"), "wt103_smgk8": ("mgk", "script", "softmax-seed-1111"),
+               "wt103_linear8": ("mgk", "script", "softmax-seed-1111")}
+
+
+def test_mgk_readme_commands_share_the_scripts_training_settings():
+    base = theirs("mgk", "script", "softmax-seed-1111")
+    for key in ("Softmax", "MGK", "MLK"):
+        t = theirs("mgk_lm_readme", "README", key)
+        assert {k: t[k] for k in MGK_SHARED} == {k: base[k] for k in MGK_SHARED}, key
+
+
+@pytest.mark.parametrize("config", sorted(MGK_COMMAND))
+def test_mgk_paper_config_equals_its_command(config):
+    paper, script, command = MGK_COMMAND[config]
+    t = theirs(paper, script, command, n_head=int(config[-1]))
     o = ours(f"configs/mgk/paper/{config}.yaml")
     cutoffs, tie_projs = TXL_ADAPTIVE[t["dataset"]]  # lmtool-fwms train.py: the same branch as Transformer-XL's
     rows = training_rows(o, t) + [
@@ -253,8 +269,24 @@ def test_mgk_paper_config_equals_the_script(config):
         ("trainer.gradient_clip_val", o["trainer.gradient_clip_val"], t["clip"]),
         ("trainer.precision", o["trainer.precision"], "16-mixed" if t["fp16"] else "32-true"),
     ]
+    if command in ("MGK", "MLK"):  # attn_type 200 / 400 with two keys per head (`rbf2keys`): ours `keys: separate`
+        rows += [("mgk.attention", o["model.mgk.attention"], {200: "mgk", 400: "mlk"}[t["attn_type"]]),
+                 ("mgk.keys", o["model.mgk.keys"], {"rbf2keys": "separate"}[t["update_mode"]])]
     assert compare(rows) == []
-    assert unmapped("mgk", "script", "softmax-seed-1111", TRAIN_MAPPED) == set()
+    assert unmapped(paper, script, command, TRAIN_MAPPED | {"update_mode"}) == set()
+    # the sliding-window test of the README (split test; the valid one differs only in its split)
+    e = next(theirs("mgk_lm_readme", "README", k) for k, c in SETTINGS["mgk_lm_readme"]["scripts"]["README"].items()
+             if c["program"] == "eval_sliding_window.py" and c["explicit"]["split"] == "test")
+    oe = ours(f"configs/mgk/paper/{config}.yaml", f"configs/mgk/paper/{config}.eval.yaml")
+    rows = [("eval_protocol.kind", oe["model.eval_protocol.kind"], "sliding"),
+            ("eval_protocol.window", oe["model.eval_protocol.window"], e["tgt_len"]),
+            ("eval_protocol.stride (every token scored from the window that ends at it)", oe["model.eval_protocol.stride"], 1),
+            ("data.eval_batch_size", oe["data.eval_batch_size"], e["batch_size"]),
+            ("eval memory (none)", oe.get("model.eval_memory.mem_len", 0), e["mem_len"]),
+            # absolute positions within a window of 256: their clamp at 256 never applies
+            ("clamp_len beyond the window", True, e["clamp_len"] >= e["tgt_len"] + e["mem_len"]),
+            ("eval data.corpus", oe["data.corpus"], CORPUS[e["dataset"]])]
+    assert compare(rows) == []
 
 
 # ---------------------------------------------------------------------------------------------------- ∞-former
