@@ -3,24 +3,27 @@
 --infinite-former CHECKOUT --nystromformer CHECKOUT`.
 
 The paper configs (`configs/<paper>/paper/`) claim the authors' exact settings; `test_settings_parity.py` holds
-them to it. What their runs use is spread over two places: the flags of each released shell script
-(`pytorch/run_*.sh`; MGK's `language-modeling/lmtool-fwms/src/script.sh`, one command per line, and the commands of that folder's README; the ∞-former's
-`sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README, and the defaults of its dialogue
-`document_grounded_generation/train.py`, for which no command was released; MGK's Long Range Arena commands, in the
-code blocks of `lra/README.md`, and the task settings of Nyströmformer's `LRA/code/lra_config.py`, whose pipeline
-MGK's LRA code reuses) and the argparse
-defaults of the program it calls (`train.py`, `eval.py`, `train_ddp.py`, `eval_ddp.py`) for every flag a script
-leaves out (`--clip 0.25`, `--scheduler cosine`, `--eval-interval 4000`, ...). Both are read as text, without
-running any of their code: the scripts with `shlex`, the programs with `ast` (every `*.add_argument(...)` call:
-its flags, `default`, `type`, `action`; the dataclass fields of a program that parses with `HfArgumentParser`;
-and simple module-level constants such as Transformer-XL's `eval_batch_size = 10`). A script's settings are the program's defaults overridden by the script's flags, typed
-as argparse would type them; the argument that a script forwards (`${@:2}`) is left out.
+them to it. What the authors' runs use is spread over two places: the commands they released and the defaults of
+the programs those commands call, for every flag a command leaves out (`--clip 0.25`, `--scheduler cosine`,
+`--eval-interval 4000`, ...). The commands read here:
+- Transformer-XL and LaMemo: `pytorch/run_*.sh` (`train`, `eval` branches);
+- MGK: `language-modeling/lmtool-fwms/README.md` and `src/script.sh` (one command per line), and the Retrieval
+  commands in the code blocks of `lra/README.md`;
+- the ∞-former: `sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README; for the dialogue, which has
+  no released command, the defaults of `document_grounded_generation/train.py`;
+- Nyströmformer's `LRA/code/lra_config.py` (a dict literal), the task settings of the LRA pipeline MGK's code reuses.
 
-Output: per paper, the checkout's commit, each program's defaults and module-level constants, and per script
-and command (`train`, `eval`; MGK: its `--job_name`, else its `--work_dir`'s name; a README: the
-line above its code block) the program and the flags it
-sets, typed (flags the program does not define under "undefined": argparse would refuse them; flags that a README
-block leaves after the command's end under "detached"). A command's settings are its program's defaults updated by its flags (`settings()` in the test).
+All is read as text, without running any of their code: commands with `shlex`, programs with `ast` (every
+`*.add_argument(...)` call: its flags, `default`, `type`, `action`; the dataclass fields of a program that parses
+with `HfArgumentParser`, with the Trainer's `TrainingArguments`; simple module-level constants such as
+Transformer-XL's `eval_batch_size = 10`). Flags are typed as argparse would type them; what a script forwards
+(`${@:2}`) is left out.
+
+Output: per source, the checkout's commit, each program's defaults and module-level constants, and per script and
+command (`train`, `eval`; MGK's script: its `--job_name`, else its `--work_dir`'s name; a README: the line of text
+above its code block) the program and the flags it sets. Flags the program does not define go under "undefined"
+(argparse would refuse them); flags that a README block leaves after the end of its command (a missing `\\`) go
+under "detached". A command's settings are its program's defaults updated by its flags (`theirs()` in the test).
 Plain JSON: settings are data, none of their code.
 """
 
