@@ -10,7 +10,7 @@ the programs those commands call, for every flag a command leaves out (`--clip 0
 - MGK: `language-modeling/lmtool-fwms/README.md` and `src/script.sh` (one command per line), and the Retrieval
   commands in the code blocks of `lra/README.md`;
 - the ∞-former: `sorting/run_sort_inftyformer.sh` and the GPT-2 commands of its README; for the dialogue, which has
-  no released command, the defaults of `document_grounded_generation/train.py`;
+  no released command, the defaults of `document_grounded_generation/train.py` and `eval.py`;
 - Nyströmformer's `LRA/code/lra_config.py` (a dict literal), the task settings of the LRA pipeline MGK's code reuses.
 
 All is read as text, without running any of their code: commands with `shlex`, programs with `ast` (every
@@ -214,18 +214,20 @@ def main(argv=None) -> None:
         "infinity_former_gpt2": ("deep-spin/infinite-former", args.infinite_former, ".", "README.md"),
         # Table 2's dialogue: no command was released, the program's defaults alone
         "infinity_former_dialogue": ("deep-spin/infinite-former", args.infinite_former, "document_grounded_generation",
-                                     "train.py"),
+                                     ("train.py", "eval.py")),
     }
     dataclass_files = {"infinity_former_gpt2": (args.infinite_former / "finetune_gpt2/src/transformers/training_args.py",)}
     result = {}
     for paper, (repo, checkout, folder, pattern) in sources.items():
-        scripts = sorted((checkout / folder).glob(pattern))
+        scripts = ([checkout / folder / name for name in pattern if (checkout / folder / name).exists()]
+                   if isinstance(pattern, tuple) else sorted((checkout / folder).glob(pattern)))
         if not scripts:
             raise SystemExit(f"{checkout / folder}: no {pattern}; is {checkout} a checkout of {repo}?")
         programs: dict = {}
-        if pattern.endswith(".py"):  # a program without a released command: its defaults
-            resolved, info, _ = program_defaults(scripts[0])
-            programs[scripts[0].name] = {"defaults": resolved, "constants": info["constants"]}
+        if isinstance(pattern, tuple):  # programs without a released command: their defaults
+            for program in scripts:
+                resolved, info, _ = program_defaults(program)
+                programs[program.name] = {"defaults": resolved, "constants": info["constants"]}
             scripts = []
         result[paper] = {"repo": repo, "commit": checkout_commit(checkout),
                          "scripts": {s.stem: script_settings(s, checkout / folder, programs, dataclass_files.get(paper, ()))

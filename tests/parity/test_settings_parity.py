@@ -506,7 +506,7 @@ def test_infinity_former_gpt2_lm_config_equals_the_readme_command(config):
 @pytest.mark.parametrize("config", [f"gpt2_dog_{m}" for m in ("gpt2", "nodoc", "compressive", "inftyformer",
                                                              "inftyformer_sticky")])
 def test_infinity_former_dialogue_config_keeps_train_py_defaults(config):
-    """Table 2: no command was released; document_grounded_generation/train.py's defaults."""
+    """Table 2: no command was released; document_grounded_generation/train.py's and eval.py's defaults."""
     t = SETTINGS["infinity_former_dialogue"]["programs"]["train.py"]["defaults"]
     o = ours(f"configs/infinity_former/paper/{config}.yaml")
     rows = [("optim.lr", o["model.optim.lr"], t["lr"]),
@@ -520,6 +520,20 @@ def test_infinity_former_dialogue_config_keeps_train_py_defaults(config):
             ("trainer.precision", o["trainer.precision"], "32-true" if not t["fp16"] else "16-mixed")]
     if "inftyformer" in config:  # --kl_m's default, with the regulariser on (README: λ_KL of the dialogue script)
         rows += [("ltm.kl_weight", o["model.memory_hook.args.ltm.kl_weight"], t["kl_m"])]
+    assert compare(rows) == []
+    # Table 2's test: eval.py's defaults (sampling, lengths, seed) against the .eval.yaml
+    e = SETTINGS["infinity_former_dialogue"]["programs"]["eval.py"]["defaults"]
+    oe = ours(f"configs/infinity_former/paper/{config}.yaml", f"configs/infinity_former/paper/{config}.eval.yaml")
+    rows = [("generation.enabled", oe["model.generation.enabled"], True),
+            ("generation.top_p", oe["model.generation.top_p"], e["top_p"]),
+            ("generation.temperature", oe["model.generation.temperature"], e["temperature"]),
+            ("top_k (off: nucleus sampling only)", 0, e["top_k"]),
+            ("generation.max_tokens", oe["model.generation.max_tokens"], e["max_length"]),
+            # --min_length 1: a special token drawn as the first token is drawn again
+            ("generation.first_special", oe["model.generation.first_special"], "redraw" if e["min_length"] >= 1 else "ban"),
+            ("generation.seed", oe["model.generation.seed"], e["seed"]),
+            # build_input_from_segments_ scores utterance i + 1 once `i >= min_history`: ≥ 3 previous utterances at 2
+            ("data.min_history", oe["data.min_history"], e["min_history"] + 1)]
     assert compare(rows) == []
 
 
