@@ -106,3 +106,33 @@ def enlarge_(module: torch.nn.Module, *, std: float = 0.2, seed: int = 0) -> Non
                 p.copy_(1.0 + noise)
             else:
                 p.copy_(noise)
+
+
+def parsed_config(*configs: str) -> dict:
+    """The parse of `repro fit -c CONFIG [-c EVAL]` (paths from the repository root; no class instantiated), as a flat
+    dict of dotted keys without `init_args` (`model.n_layer`, `model.optim.lr`, `data.batch_size`, `trainer.max_steps`):
+    what a run of these configs is given, dataclass defaults filled in."""
+    from repro.cli.cli import ReproCLI
+
+    class ParseOnly(ReproCLI):
+        def instantiate_classes(self) -> None:
+            self.model = self.datamodule = self.trainer = None
+
+    args = [a for c in configs for a in ("-c", str(HERE.parent.parent / c))] + ["--run.tracking", "none"]
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        cfg = ParseOnly(args=args, run=False).config.as_dict()
+    finally:
+        sys.argv = argv
+
+    flat = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict) and not (prefix.endswith("callbacks")):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat[prefix] = node
+
+    walk("", cfg)
+    return {k.replace(".init_args.", ".").replace("model.model.", "model."): v for k, v in flat.items()}

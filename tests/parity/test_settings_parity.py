@@ -18,10 +18,11 @@ added to a script, or one of ours edited away from it, fails this test.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.parity.common import parsed_config as ours
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -37,34 +38,6 @@ def theirs(paper: str, script: str, command: str, **override) -> dict:
 
 def explicit(paper: str, script: str, command: str) -> set[str]:
     return set(SETTINGS[paper]["scripts"][script][command]["explicit"])
-
-
-def ours(*configs: str) -> dict:
-    """The parse of `repro fit -c CONFIG [-c EVAL]` (no class instantiated), as a flat dict of dotted keys."""
-    from repro.cli.cli import ReproCLI
-
-    class ParseOnly(ReproCLI):
-        def instantiate_classes(self) -> None:
-            self.model = self.datamodule = self.trainer = None
-
-    args = [a for c in configs for a in ("-c", str(ROOT / c))] + ["--run.tracking", "none"]
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        cfg = ParseOnly(args=args, run=False).config.as_dict()
-    finally:
-        sys.argv = argv
-
-    flat = {}
-
-    def walk(prefix, node):
-        if isinstance(node, dict) and not (prefix.endswith("callbacks")):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-        else:
-            flat[prefix] = node
-
-    walk("", cfg)
-    return {k.replace(".init_args.", ".").replace("model.model.", "model."): v for k, v in flat.items()}
 
 
 def compare(rows: list[tuple[str, object, object]]) -> list[str]:
