@@ -71,9 +71,10 @@ def program_defaults(path: Path, dataclass_files: tuple[Path, ...] = ()) -> tupl
     """(defaults by argparse dest, module-level literal constants, store_true dests) of a Python program. A program
     that parses its flags with `HfArgumentParser` gets the fields of its own dataclasses and of `dataclass_files`
     (the Trainer's `TrainingArguments`)."""
-    tree = ast.parse(path.read_text())
+    source = path.read_text()
+    tree = ast.parse(source)
     defaults, flags = {}, set()
-    if "HfArgumentParser" in path.read_text():
+    if "HfArgumentParser" in source:
         for f in (path, *dataclass_files):
             _dataclass_fields(ast.parse(f.read_text()), defaults, flags)
     for node in ast.walk(tree):
@@ -200,7 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mgk", type=Path, required=True, help="checkout of minhtannguyen/transformer-mgk")
     ap.add_argument("--infinite-former", type=Path, required=True, help="checkout of deep-spin/infinite-former")
     ap.add_argument("--nystromformer", type=Path, required=True,
-                    help="checkout of mlpen/Nystromformer (LRA/code/lra_config.py: the LRA settings MGK's configs cite)")
+                    help="checkout of mlpen/Nystromformer (LRA/code/lra_config.py, which MGK's LRA configs cite)")
     args = ap.parse_args(argv)
     sources = {
         "transformer_xl": ("kimiyoung/transformer-xl", args.transformer_xl, "pytorch", "run_*.sh"),
@@ -216,7 +217,8 @@ def main(argv=None) -> None:
         "infinity_former_dialogue": ("deep-spin/infinite-former", args.infinite_former, "document_grounded_generation",
                                      ("train.py", "eval.py")),
     }
-    dataclass_files = {"infinity_former_gpt2": (args.infinite_former / "finetune_gpt2/src/transformers/training_args.py",)}
+    trainer_args = args.infinite_former / "finetune_gpt2" / "src" / "transformers" / "training_args.py"
+    dataclass_files = {"infinity_former_gpt2": (trainer_args,)}
     result = {}
     for paper, (repo, checkout, folder, pattern) in sources.items():
         scripts = ([checkout / folder / name for name in pattern if (checkout / folder / name).exists()]
@@ -230,7 +232,8 @@ def main(argv=None) -> None:
                 programs[program.name] = {"defaults": resolved, "constants": info["constants"]}
             scripts = []
         result[paper] = {"repo": repo, "commit": checkout_commit(checkout),
-                         "scripts": {s.stem: script_settings(s, checkout / folder, programs, dataclass_files.get(paper, ()))
+                         "scripts": {s.stem: script_settings(s, checkout / folder, programs,
+                                                             dataclass_files.get(paper, ()))
                                      for s in scripts},
                          "programs": programs}
     # the LRA settings by task of Nyströmformer's code, which MGK's LRA pipeline comes from (a dict literal)
@@ -240,7 +243,8 @@ def main(argv=None) -> None:
     assign = next(n for n in ast.parse(lra_config.read_text()).body if isinstance(n, ast.Assign))
     tasks = ast.literal_eval(assign.value)
     result["nystromformer_lra"] = {"repo": "mlpen/Nystromformer", "commit": checkout_commit(args.nystromformer),
-                                   "config": {k: {part: v[part] for part in ("dataset", "model", "training") if part in v}
+                                   "config": {k: {part: v[part] for part in ("dataset", "model", "training")
+                                                  if part in v}
                                               for k, v in tasks.items()}}
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

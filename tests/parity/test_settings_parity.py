@@ -3,7 +3,8 @@
 `configs/<paper>/paper/*.yaml` claim the authors' exact settings. Their runs' settings are the flags of each
 released script (or README command) plus the defaults of the program it calls (`tests/parity/settings.json`,
 written by `make_settings.py` from the checkouts: their scripts, commands and the programs' argparse or dataclass
-defaults, read as text; for the ∞-former's dialogue, which has no released command, the program's defaults). Each of our configs is
+defaults, read as text; for the ∞-former's dialogue, which has no released command, the program's defaults).
+Each of our configs is
 parsed exactly as `repro fit` parses it (dataclass defaults filled in), and compared field by field with the
 script it follows: the model's shape, dropout, initialisation, memory, clamp and same_length, the optimiser and
 its schedule, batch and segment lengths, steps, clipping, validation interval, seed, precision, and the
@@ -118,7 +119,6 @@ TXL = {"wt103_base": "run_wt103_base", "wt103_large": "run_wt103_large", "enwik8
 # train.py, `if args.adaptive:` (code, not a flag): its cutoffs and projection ties per dataset
 TXL_ADAPTIVE = {"wt103": ([20000, 40000, 200000], [False, True, True, True]),
                 "lm1b": ([60000, 100000, 640000], [False, False, False, False])}
-CORPUS = {"wt103": "wt103", "enwik8": "enwik8", "text8": "text8", "lm1b": "lm1b"}
 
 
 @pytest.mark.parametrize("config", sorted(TXL))
@@ -130,17 +130,17 @@ def test_transformer_xl_paper_config_equals_its_script(config):
     rows = training_rows(o, t) + [
         ("model.attention", o["model.attention"], ATTENTION[t["attn_type"]]),
         ("model.cutoffs", list(o["model.cutoffs"]), cutoffs),
-        ("model.tie_projs", None if o["model.tie_projs"] is None else list(o["model.tie_projs"]),
-         tie_projs if cutoffs else o["model.tie_projs"]),
-        ("data.corpus", o["data.corpus"], CORPUS[t["dataset"]]),
+        ("data.corpus", o["data.corpus"], t["dataset"]),
         # global batch; the reference splits it over its GPUs with DataParallel (README: Multi-GPU)
         ("data.batch_size", o["data.batch_size"], t["batch_size"]),
         ("data.eval_batch_size (validation)", o["data.eval_batch_size"], t["eval_batch_size"]),  # train.py constant
         ("trainer.gradient_clip_val", o["trainer.gradient_clip_val"], t["clip"]),
         ("trainer.precision", o["trainer.precision"], "16-mixed" if t["fp16"] else "32-true"),
     ]
+    if cutoffs:  # the adaptive softmax's projection ties (without cutoffs there are none)
+        rows.append(("model.tie_projs", list(o["model.tie_projs"]), tie_projs))
     oe = ours(f"configs/transformer_xl/paper/{config}.yaml", f"configs/transformer_xl/paper/{config}.eval.yaml")
-    rows += eval_rows(oe, e) + [("eval data.corpus", oe["data.corpus"], CORPUS[e["dataset"]])]
+    rows += eval_rows(oe, e) + [("eval data.corpus", oe["data.corpus"], e["dataset"])]
     assert compare(rows) == []
     assert unmapped("transformer_xl", script, "train", TRAIN_MAPPED) == set()
     assert unmapped("transformer_xl", script, "eval", EVAL_MAPPED) == set()
@@ -168,7 +168,7 @@ def test_lamemo_paper_config_equals_its_script(config):
         # train_ddp.py sets cutoffs only for lm1b and mn_dataset: `--adaptive` on wt103 leaves a full softmax
         # (README: WikiText-103 softmax)
         ("model.cutoffs", list(o["model.cutoffs"]), []),
-        ("data.corpus", o["data.corpus"], CORPUS[t["dataset"]]),
+        ("data.corpus", o["data.corpus"], t["dataset"]),
         ("data.roll", o["data.roll"], t["roll"]),
         # global batch: per GPU × 2 GPUs, each rank its own slice of the streams (README: rank-sharded streams)
         ("data.batch_size", o["data.batch_size"], t["batch_size"] * GPUS),
@@ -184,7 +184,7 @@ def test_lamemo_paper_config_equals_its_script(config):
         ("trainer.precision", o["trainer.precision"], {"O2": "32-true"}[t["fp16"]]),
     ]
     # LaMemo's protocol (eval_ddp.py, the script's eval command) is the training config's own evaluation
-    rows += eval_rows(o, e) + [("eval data.corpus", o["data.corpus"], CORPUS[e["dataset"]])]
+    rows += eval_rows(o, e) + [("eval data.corpus", o["data.corpus"], e["dataset"])]
     # the .eval.yaml is Transformer-XL's protocol: kimiyoung/transformer-xl's base script for the same data
     te = theirs("transformer_xl", f"run_{data}_base", "eval")
     oe = ours(f"configs/lamemo/paper/{config}.yaml", f"configs/lamemo/paper/{config}.eval.yaml")
@@ -213,7 +213,8 @@ def test_mgk_script_commands_share_every_training_setting():
 # our config → the command it follows: lmtool-fwms/README.md's Softmax, MGK and MLK commands (8 heads; the 4-head
 # models are the same commands with --n_head 4); sMGK and linear have none there, script.sh's softmax command gives
 # their shared settings
-MGK_COMMAND = {"wt103_softmax8": ("mgk_lm_readme", "README", "Softmax"), "wt103_mgk4": ("mgk_lm_readme", "README", "MGK"),
+MGK_COMMAND = {"wt103_softmax8": ("mgk_lm_readme", "README", "Softmax"),
+               "wt103_mgk4": ("mgk_lm_readme", "README", "MGK"),
                "wt103_mgk8": ("mgk_lm_readme", "README", "MGK"), "wt103_mlk4": ("mgk_lm_readme", "README", "MLK"),
                "wt103_mlk8": ("mgk_lm_readme", "README", "MLK"), "wt103_smgk8": ("mgk", "script", "softmax-seed-1111"),
                "wt103_linear8": ("mgk", "script", "softmax-seed-1111")}
@@ -236,7 +237,7 @@ def test_mgk_paper_config_equals_its_command(config):
         ("model.attention (positions)", o["model.attention"], ATTENTION[t["attn_type"]]),
         ("model.cutoffs", list(o["model.cutoffs"]), cutoffs),
         ("model.tie_projs", list(o["model.tie_projs"]), tie_projs),
-        ("data.corpus", o["data.corpus"], CORPUS[t["dataset"]]),
+        ("data.corpus", o["data.corpus"], t["dataset"]),
         ("data.batch_size", o["data.batch_size"], t["batch_size"]),  # global, as Transformer-XL's
         ("data.eval_batch_size (validation)", o["data.eval_batch_size"], t["eval_batch_size"]),
         ("trainer.gradient_clip_val", o["trainer.gradient_clip_val"], t["clip"]),
@@ -253,12 +254,13 @@ def test_mgk_paper_config_equals_its_command(config):
     oe = ours(f"configs/mgk/paper/{config}.yaml", f"configs/mgk/paper/{config}.eval.yaml")
     rows = [("eval_protocol.kind", oe["model.eval_protocol.kind"], "sliding"),
             ("eval_protocol.window", oe["model.eval_protocol.window"], e["tgt_len"]),
-            ("eval_protocol.stride (every token scored from the window that ends at it)", oe["model.eval_protocol.stride"], 1),
+            # every token scored from the window that ends at it (their LMSlidingWindowIterator steps by one)
+            ("eval_protocol.stride", oe["model.eval_protocol.stride"], 1),
             ("data.eval_batch_size", oe["data.eval_batch_size"], e["batch_size"]),
             ("eval memory (none)", oe.get("model.eval_memory.mem_len", 0), e["mem_len"]),
             # absolute positions within a window of 256: their clamp at 256 never applies
             ("clamp_len beyond the window", True, e["clamp_len"] >= e["tgt_len"] + e["mem_len"]),
-            ("eval data.corpus", oe["data.corpus"], CORPUS[e["dataset"]])]
+            ("eval data.corpus", oe["data.corpus"], e["dataset"])]
     assert compare(rows) == []
 
 
@@ -346,39 +348,44 @@ LRA_MAPPED = {"model", "task", "batch_size", "warmup", "learning_rate", "weight_
               "n_train_samples", "n_dev_samples", "n_test_samples", "num_eval_steps", "seed", "pi0"}
 
 
-@pytest.mark.parametrize("command", sorted(SETTINGS["mgk_lra"]["scripts"]["README"]))
-def test_mgk_lra_retrieval_config_equals_the_readme_commands(command):
-    t = theirs("mgk_lra", "README", command)
-    o = ours("configs/mgk/paper/lra_retrieval.yaml")
-    rows = [("data.task", o["data.task"], t["task"]),
-            ("model.n_layer", o["model.n_layer"], t["num_layers"]),
+def lra_model_rows(o: dict, t: dict) -> list[tuple[str, object, object]]:
+    """The classifier and optimiser settings of run_tasks.py that every LRA config shares."""
+    return [("model.n_layer", o["model.n_layer"], t["num_layers"]),
             ("model.d_model (embedding)", o["model.d_model"], t["embedding_dim"]),
             ("model.d_model (transformer)", o["model.d_model"], t["transformer_dim"]),
             ("model.d_inner", o["model.d_inner"], t["transformer_hidden_dim"]),
             ("model.d_head", o["model.d_head"], t["head_dim"]),
             ("model.dropout", o["model.dropout"], t["dropout_prob"]),
             ("model.dropatt", o["model.dropatt"], t["attention_dropout"]),
-            ("model.num_classes", o["model.num_classes"], t["num_classes"]),
             ("model.pooling (mean over the padded length)", o["model.pooling"], {"MEAN": "padded"}[t["pooling_mode"]]),
-            ("model.max_len", o["model.max_len"], t["max_seq_len"]),
-            ("data.pad_to", o["data.pad_to"], t["max_seq_len"]),
             ("positions learned, untied, no CLS token", (1, False, False, False),
              (t["learn_pos_emb"], t["tied_weights"], t["cls_token"], t["fixed_pos_emb"])),
             ("optim.lr", o["model.optim.lr"], t["learning_rate"]),
-            ("optim.warmup_steps", o["model.optim.warmup_steps"], t["warmup"]),
-            ("optim.schedule (OneCycleLR, linear)", "linear", t["lr_decay"] if not t["fixed_lr"] else "constant"),
             ("optim.weight_decay", o["model.optim.weight_decay"], t["weight_decay"]),
             ("optim.adam_eps", o["model.optim.adam_eps"], t["adam_eps"]),
+            ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["accu_grad_step"]),
+            # lra/attention.py turns autocast off for the attention and runs it in float32
+            ("model.attention_fp32", o["model.attention_fp32"], True)]
+
+
+@pytest.mark.parametrize("command", sorted(SETTINGS["mgk_lra"]["scripts"]["README"]))
+def test_mgk_lra_retrieval_config_equals_the_readme_commands(command):
+    t = theirs("mgk_lra", "README", command)
+    o = ours("configs/mgk/paper/lra_retrieval.yaml")
+    rows = lra_model_rows(o, t) + [
+            ("data.task", o["data.task"], t["task"]),
+            ("model.num_classes", o["model.num_classes"], t["num_classes"]),
+            ("model.max_len", o["model.max_len"], t["max_seq_len"]),
+            ("data.pad_to", o["data.pad_to"], t["max_seq_len"]),
+            ("optim.warmup_steps", o["model.optim.warmup_steps"], t["warmup"]),
+            ("optim.schedule (OneCycleLR, linear)", "linear", t["lr_decay"] if not t["fixed_lr"] else "constant"),
             ("data.batch_size", o["data.batch_size"], t["batch_size"]),
             ("data.eval_batch_size", o["data.eval_batch_size"], t["batch_size"]),
-            ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["accu_grad_step"]),
             ("trainer.max_steps", o["trainer.max_steps"], t["num_train_steps"]),
             ("trainer.val_check_interval", o["trainer.val_check_interval"], t["eval_frequency"]),
             ("trainer.gradient_clip_val (none)", o["trainer.gradient_clip_val"], None),
-            # run_tasks.py always trains in fp16 autocast with a gradient scaler and runs the attention in float32
-            # with autocast off; the configs use bf16-mixed (16-mixed cannot run on the CPU) with the float32
-            # attention (MGK README: Precision)
-            ("model.attention_fp32", o["model.attention_fp32"], True),
+            # run_tasks.py always trains in fp16 autocast with a gradient scaler; the configs use bf16-mixed
+            # (16-mixed cannot run on the CPU), with the attention in float32 as theirs (MGK README: Precision)
             ("trainer.precision", o["trainer.precision"], "bf16-mixed")]
     assert compare(rows) == []
     assert set(SETTINGS["mgk_lra"]["scripts"]["README"][command]["explicit"]) - LRA_MAPPED == set()
@@ -387,22 +394,9 @@ def test_mgk_lra_retrieval_config_equals_the_readme_commands(command):
 @pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
 def test_mgk_lra_configs_keep_run_tasks_model_and_optimiser(task):
     """run_tasks.py's defaults that no released command overrides, for every LRA task: the classifier's shape,
-    dropout, pooling and the optimiser (the tasks' batch, steps, warm-up and lengths are the paper's, per task)."""
-    t = theirs("mgk_lra", "README", "Softmax 1 heads")
+    dropout, pooling and the optimiser (each task's batch, steps, warm-up and validation: the next test)."""
     o = ours(f"configs/mgk/paper/lra_{task}.yaml")
-    rows = [("model.n_layer", o["model.n_layer"], t["num_layers"]),
-            ("model.d_model", o["model.d_model"], t["transformer_dim"]),
-            ("model.d_inner", o["model.d_inner"], t["transformer_hidden_dim"]),
-            ("model.d_head", o["model.d_head"], t["head_dim"]),
-            ("model.dropout", o["model.dropout"], t["dropout_prob"]),
-            ("model.dropatt", o["model.dropatt"], t["attention_dropout"]),
-            ("model.pooling", o["model.pooling"], {"MEAN": "padded"}[t["pooling_mode"]]),
-            ("optim.lr", o["model.optim.lr"], t["learning_rate"]),
-            ("optim.weight_decay", o["model.optim.weight_decay"], t["weight_decay"]),
-            ("optim.adam_eps", o["model.optim.adam_eps"], t["adam_eps"]),
-            ("trainer.accumulate_grad_batches", o["trainer.accumulate_grad_batches"], t["accu_grad_step"]),
-            ("model.attention_fp32", o["model.attention_fp32"], True)]
-    assert compare(rows) == []
+    assert compare(lra_model_rows(o, theirs("mgk_lra", "README", "Softmax 1 heads"))) == []
 
 
 # where each LRA config's batch, steps, warm-up and validation interval come from (the configs' header comments):
@@ -469,7 +463,8 @@ def test_infinity_former_gpt2_lm_config_equals_the_readme_command(config):
             ("seed_everything", o["seed_everything"], t["seed"]),
             ("trainer.precision", o["trainer.precision"], "16-mixed" if t["fp16"] else "32-true")]
     if memory and "inftyformer" in config:
-        rows += [("ltm.kl_weight", o["model.memory_hook.args.ltm.kl_weight"], t["kl_m"] if t["kl_regularizer"] else 0.0),
+        rows += [("ltm.kl_weight", o["model.memory_hook.args.ltm.kl_weight"],
+                  t["kl_m"] if t["kl_regularizer"] else 0.0),
                  ("ltm.sampling", o["model.memory_hook.args.ltm.sampling"],
                   "sticky" if config.endswith("sticky") else "linear")]
     assert compare(rows) == []
@@ -483,7 +478,7 @@ def test_infinity_former_dialogue_config_keeps_train_py_defaults(config):
     t = SETTINGS["infinity_former_dialogue"]["programs"]["train.py"]["defaults"]
     o = ours(f"configs/infinity_former/paper/{config}.yaml")
     rows = [("optim.lr", o["model.optim.lr"], t["lr"]),
-            ("optim.lr_memory (one rate: --lr_ltm 0)", o["model.optim.lr_memory"], None if not t["lr_ltm"] else t["lr_ltm"]),
+            ("optim.lr_memory (one rate: --lr_ltm 0)", o["model.optim.lr_memory"], t["lr_ltm"] or None),
             ("optim.clip (per conversation step)", o["model.optim.clip"], t["max_norm"]),
             ("optim.step_per", o["model.optim.step_per"], "conversation"),  # one update per conversation, batch 1
             ("data.block_size", o["data.block_size"], t["max_len"]),
@@ -503,7 +498,8 @@ def test_infinity_former_dialogue_config_keeps_train_py_defaults(config):
             ("top_k (off: nucleus sampling only)", 0, e["top_k"]),
             ("generation.max_tokens", oe["model.generation.max_tokens"], e["max_length"]),
             # --min_length 1: a special token drawn as the first token is drawn again
-            ("generation.first_special", oe["model.generation.first_special"], "redraw" if e["min_length"] >= 1 else "ban"),
+            ("generation.first_special", oe["model.generation.first_special"],
+             "redraw" if e["min_length"] >= 1 else "ban"),
             ("generation.seed", oe["model.generation.seed"], e["seed"]),
             # build_input_from_segments_ scores utterance i + 1 once `i >= min_history`: ≥ 3 previous utterances at 2
             ("data.min_history", oe["data.min_history"], e["min_history"] + 1)]
