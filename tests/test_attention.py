@@ -227,22 +227,28 @@ def test_relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precis
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block", [7, 1 << 18])
-def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block):
-    """`blocked.cross_entropy_float32` gives exactly the values and gradient of `F.cross_entropy(x.float(), y)`."""
+@pytest.mark.parametrize("shape", [(13, 5), (300, 4720), (1100, 204)])  # the small word and 41M char vocabularies
+@pytest.mark.parametrize("upstream", ["weights", "mean"])
+def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block, shape, upstream):
+    """`blocked.cross_entropy_float32` gives exactly the values and gradient of `F.cross_entropy(x.float(), y)`,
+    with per-row upstream gradients and with the expanded one of a mean."""
     import torch.nn.functional as F
 
     from repro.nn import blocked
 
+    if block == 7 and shape[0] > 13:
+        block = 7 * shape[1]  # seven rows a block, not one
     monkeypatch.setattr(blocked, "BLOCK", block)
+    n, v = shape
     g = torch.Generator().manual_seed(0)
-    x0 = (torch.randn(13, 5, generator=g) * 3).to(dtype)
-    y = torch.randint(0, 5, (13,), generator=g)
-    up = torch.rand(13, generator=g)
+    x0 = (torch.randn(n, v, generator=g) * 3).to(dtype)
+    y = torch.randint(0, v, (n,), generator=g)
+    up = torch.rand(n, generator=g)
     outs = []
     for f in (lambda x: F.cross_entropy(x.float(), y, reduction="none"), lambda x: blocked.cross_entropy_float32(x, y)):
         x = x0.clone().requires_grad_()
         loss = f(x)
-        loss.backward(up)
+        (loss.mean() if upstream == "mean" else loss).backward(None if upstream == "mean" else up)
         outs.append((loss, x.grad))
     assert outs[1][0].dtype == torch.float32 and outs[1][1].dtype == dtype
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
