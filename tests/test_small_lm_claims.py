@@ -112,9 +112,19 @@ def test_txl_claim_values_read_the_unseeded_run_as_seed_1111(tmp_path, monkeypat
             name = exp if seed == DEFAULT_SEED else f"{exp}.seed{seed}"
             _record(tmp_path, "transformer_xl", "lm", name, "test", metrics={"test/ppl": ppl + 0.3 * i})
             _record(tmp_path, "transformer_xl", "lm", name, "fit", metrics={"val/ppl": ppl + 1 + 0.2 * i})
-    verdicts = {row[0]: row[-1].value for row in tables.claims_table(Results("transformer_xl", root=tmp_path)).rows}
+    # registration 2: fresh seeds 4-8 in their own group, the order reversed so that pooling would show
+    for seed in range(4, 9):
+        for exp, ppl in (("wt103_base", 60.0), ("ablation_norec_relative", 45.0)):
+            _record(tmp_path, "transformer_xl", "reg2", f"{exp}.seed{seed}", "test",
+                    metrics={"test/ppl": ppl + 0.1 * seed})
+            _record(tmp_path, "transformer_xl", "reg2", f"{exp}.seed{seed}", "fit", metrics={"val/ppl": ppl})
+    results = Results("transformer_xl", root=tmp_path)
+    verdicts = {row[0]: row[-1].value for row in tables.claims_table(results).rows}
     assert verdicts == {"recurrence_longer_context": "holds", "relative_longer_context": "holds",
-                        "ablation_recurrence": "holds", "ablation_relative": "holds"}
+                        "ablation_recurrence": "holds", "ablation_relative": "holds",
+                        "recurrence_longer_context_reg2": "reversed"}
+    # the ablation table (Table 6) keeps registration 1's three seeds
+    assert tables._seed_cell(results, "small", "wt103_base", "fit", "val/ppl").value == "51.20 ± 0.20 (n=3)"
 
 
 def test_lamemo_claim_values_read_protocols_and_utilisation(tmp_path, monkeypatch):
