@@ -87,12 +87,25 @@ def mean_std(vals: list[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else float("nan"))
 
 
+# the WikiText-103 table's seeds: registration 1's (and tiny's); the fresh seeds 5-9 of the small profile's
+# registration 2 (group `reg2`, another machine) decide their claims alone in claims_small.md and are not pooled here
+TABLE_SEEDS = ("", "1", "2", "3", "4")
+
+
+def _seed(rec: dict) -> str:
+    """The seed of a `<experiment>.seed<N>` record as text ("" for the unseeded run)."""
+    name = str(rec.get("experiment", ""))
+    return name.rpartition(".seed")[2] if ".seed" in name else ""
+
+
 def _ppl_cell(results: Results, profile: str, exp: str) -> Cell:
     vals, recs = seed_values(results, profile, exp, "test/ppl")
+    kept = [(v, r) for v, r in zip(vals, recs) if _seed(r) in TABLE_SEEDS]
+    vals, recs = [v for v, _ in kept], [r for _, r in kept]
     if len(vals) <= 1:
         return results.metric(profile, exp, "test", "test/ppl")
     m, sd = mean_std(vals)
-    seeds = ", ".join(str(r.get("experiment", "")).rpartition(".seed")[2] or "default (1111)" for r in recs)
+    seeds = ", ".join(_seed(r) or "default (1111)" for r in recs)
     prov = provenance(recs[0]).replace(f"`{recs[0].get('experiment')}`", f"`{exp}` (seeds {seeds})")
     return Cell(f"{m:.2f} ± {sd:.2f} (n={len(vals)})", "ours", prov)
 
@@ -136,7 +149,7 @@ def _acc_cell(results: Results, profile: str, task: str, variant: str) -> Cell:
         return Cell("not run", "ours")
     m, s = mean_std([100 * v for v in vals])
     text = f"{m:.2f}" if len(vals) == 1 else f"{m:.2f} ± {s:.2f}"
-    seeds = ", ".join(str(r.get("experiment", "")).rpartition(".seed")[2] or "default" for r in recs)
+    seeds = ", ".join(_seed(r) or "default" for r in recs)
     prov = provenance(recs[0]).replace(f"`{recs[0].get('experiment')}`", f"`lra_{task}_{variant}` (seeds {seeds})")
     return Cell(f"{text} (n={len(vals)})", "ours", prov)
 
