@@ -168,6 +168,11 @@ def test_mgk_noninferiority_margin_decides(tmp_path, monkeypatch):
     # the WikiText-103 table keeps registration 1's seeds 1-4 and names them
     cell = tables._ppl_cell(results, "small", "wt103_mgk8")
     assert cell.value == "103.00 ± 0.06 (n=4)" and "(seeds 1, 2, 3, 4)" in cell.provenance
+    # an unseeded run (seed 1111) beside seeded ones is named as the default, not by its experiment's name
+    for name, ppl in (("wt103_smgk8", 70.0), ("wt103_smgk8.seed2", 71.0)):
+        _record(tmp_path, "mgk", "other", name, "test", metrics={"test/ppl": ppl})
+    cell = tables._ppl_cell(Results("mgk", root=tmp_path), "small", "wt103_smgk8")
+    assert cell.value == "70.50 ± 0.71 (n=2)" and "(seeds default (1111), 2)" in cell.provenance
 
 
 def test_txl_paper_profile_ablation_and_recl_reach_their_tables_labelled_rehearsal(tmp_path, monkeypatch):
