@@ -119,6 +119,7 @@ class ReproCLI(LightningCLI):
         self._t0 = time.time()
         self._ckpt_info: dict[str, Any] | None = None
         self._select: BestCheckpoint | None = None
+        self._default_ckpt: tuple[str, Path] | None = None  # (the flag that asked for it, the path)
         super().__init__(
             LightningModule,
             LightningDataModule,
@@ -157,7 +158,9 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.record", type=str | None, default=None,
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
-                            help="fit: save the final checkpoint here (atomically; with --run.select, the selected one)")
+                            help="fit: save the final checkpoint here (atomically; with --run.select, the selected one); "
+                                 "with --run.select or --run.resume and no PATH: "
+                                 "checkpoints/<paper>/<profile>/<experiment>.ckpt (profile 'rehearsal' in a rehearsal)")
         parser.add_argument("--run.select", type=str | None, default=None,
                             help="fit: model selection as the authors' scripts, METRIC:min|max (e.g. val/loss:min): "
                                  "the checkpoint of the best validation becomes --run.checkpoint, the final state "
@@ -203,8 +206,10 @@ class ReproCLI(LightningCLI):
         return "repro " + shlex.join(args) if args else f"repro fit … --ckpt_path {last}"
 
     def instantiate_trainer(self, **kwargs):
-        run = self._run_cfg()
         cfg = self.config.get(str(self.subcommand), self.config)
+        if self.subcommand == "fit":
+            self._default_checkpoint(cfg)
+        run = self._run_cfg()
         # Our callbacks join the configured ones: LightningCLI lets a `callbacks=` keyword replace
         # `--trainer.callbacks`, which dropped a user's ModelCheckpoint or EarlyStopping whenever --run.curves was on.
         configured = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
@@ -228,9 +233,6 @@ class ReproCLI(LightningCLI):
                 ours.append(CurveRecorder(run["curves"]))
             if run.get("select"):
                 metric, mode = parse_select(run["select"])
-                if not run.get("checkpoint"):
-                    raise ValueError("--run.select keeps the best validation's checkpoint as --run.checkpoint: "
-                                     "give --run.checkpoint PATH")
                 self._select = BestCheckpoint(best_path(run["checkpoint"]), metric, mode)
                 ours.append(self._select)
             if run.get("checkpoint"):
@@ -258,6 +260,22 @@ class ReproCLI(LightningCLI):
         if self._in_steps and trainer.world_size > 1:
             raise _OwnProcess  # see `run_steps`
         return trainer
+
+    def _default_checkpoint(self, cfg) -> None:
+        """A fit that needs a checkpoint file (`--run.select` keeps the best validation's there, `--run.resume` reads
+        the last one beside it) and was given none gets `default_checkpoint`'s, written into the config, so that the
+        callbacks, the resume hint and the provenance stored in checkpoints all see one path. Every DDP rank re-runs
+        this command line in the same folder and so derives the same path; only rank 0 says it (`_before`)."""
+        run = dict(cfg.get("run", {}) or {})
+        if run.get("checkpoint") or not (run.get("select") or run.get("resume")):
+            return
+        flag = "--run.select" if run.get("select") else "--run.resume"
+        path = default_checkpoint(run)
+        if path is None:
+            raise ValueError(f"{flag} needs a checkpoint file and this run has no paper and experiment to name one "
+                             "after (the config's run: section): give --run.checkpoint PATH")
+        cfg["run.checkpoint"] = str(path)
+        self._default_ckpt = (flag, path)
 
     def _dump(self, cfg) -> str:
         parser = self.parser if self.subcommand is None else self._subcommand_parsers[self.subcommand]
@@ -317,6 +335,10 @@ class ReproCLI(LightningCLI):
         run = self._run_cfg()
         sub = str(self.subcommand)
         cfg = self.config_init[sub]
+        if self._default_ckpt is not None and self.trainer.global_rank == 0:
+            flag, path = self._default_ckpt
+            print(f"repro: checkpoint {_shown(path)} ({flag} without --run.checkpoint: the default for paper "
+                  f"{run.get('paper')}, profile {default_profile(run)}, experiment {run.get('experiment')})", flush=True)
         if sub == "fit" and run.get("resume") and not cfg.get("ckpt_path"):
             if not run.get("checkpoint"):
                 raise ValueError("--run.resume continues from the last checkpoint beside --run.checkpoint: "
@@ -454,6 +476,36 @@ class ReproCLI(LightningCLI):
             ([f"selected step {sel['step']}, {sel['metric']} {sel['value']:.4g}"] if sel and sel["step"] is not None
              else []) + [f"{prov['wall_seconds']} s"]
         return "  ".join(parts) + f"  ({', '.join(extra)})"
+
+
+def default_profile(run: dict[str, Any]) -> str:
+    """The profile folder of a run's default checkpoint: a rehearsal of the paper profile (`run.rehearsal`) has its
+    own, so that rehearsing a config never replaces (nor resumes from) the checkpoint of its real run."""
+    profile = run.get("profile") or ""
+    return "rehearsal" if run.get("rehearsal") else profile
+
+
+def default_checkpoint(run: dict[str, Any], root: Path | None = None) -> Path | None:
+    """`checkpoints/<paper>/<profile>/<experiment>.ckpt` under the repository root, the checkpoint of a fit that
+    needs one and was given no `--run.checkpoint` (or None when the run section names no paper or experiment). The
+    pipeline's runs sit one level down, in their DVC stage's group (`repro.cli.runs.group_dirs`:
+    `checkpoints/<paper>/<profile>/<group>/<experiment>.ckpt`), so a fit by hand never replaces a stage's output.
+    The experiment names the file as `repro runs` names it; runs of one config that differ in seed or variant
+    share it unless they name their own experiment (`--run.experiment`), as `repro runs` does."""
+    from repro.tracking import repo_root
+
+    if not run.get("paper") or not run.get("experiment"):
+        return None
+    parts = [run["paper"], default_profile(run)]
+    return (root or repo_root()) / "checkpoints" / Path(*filter(None, parts)) / f"{run['experiment']}.ckpt"
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it (the line a user copies), else absolute."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: bool = False):
