@@ -89,8 +89,10 @@ def test_checkpoint_of_other_shapes(clean, capsys, good_ckpt):
     (["--trainer.max_stepz", "3"], "unknown option --trainer.max_stepz (did you mean --trainer.max_steps?)"),
     (["--run.select", "val/loss", "--run.checkpoint", "a.ckpt"],
      "--run.select takes METRIC:min or METRIC:max (e.g. val/loss:min, val/acc:max), got 'val/loss'"),
-    (["--run.select", "val/loss:min"], "--run.select keeps the best validation's checkpoint as --run.checkpoint: "
-                                       "give --run.checkpoint PATH"),
+    # without --run.checkpoint a fit selects into checkpoints/<paper>/<profile>/<experiment>.ckpt
+    # (tests/test_default_checkpoint.py), unless the run has no name to make that path from
+    (["--run.select", "val/loss:min", "--run.experiment", ""],
+     "--run.select needs a checkpoint file and this run has no paper and experiment to name one after"),
     (["--run.selct", "val/loss:min"], "unknown option --run.selct (did you mean --run.select?)"),
 ])
 def test_bad_settings(clean, capsys, override, message):
