@@ -2,6 +2,7 @@
 
     repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.devices N --trainer.strategy ddp ...]
     repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."   (several runs, one process)
+    repro fit -c CONFIG ... --run.dry_run true   (build the config's objects, say what would run, run nothing)
 
 `build` (a config's module and data module, untrained) and `load_module` (with a checkpoint's weights, for
 evaluation outside a Trainer) serve the other commands (`repro.cli.commands`, `repro.cli.bench`, …), which hand
@@ -177,6 +178,10 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.resume", type=bool, default=False,
                             help="fit: continue from A.last.ckpt when it exists (the command of an interrupted fit, "
                                  "plus this flag)")
+        parser.add_argument("--run.dry_run", type=bool, default=False,
+                            help="check this command line without running it: parse it, build the model (on the meta "
+                                 "device: no memory, no initialisation), the data module and the Trainer, print one "
+                                 "line saying what would run, and stop (no data, no checkpoint, no MLflow run)")
         parser.add_argument("--run.untrained", type=bool, default=False,
                             help="validate|test: allow a run without --ckpt_path (scores freshly initialised weights)")
         parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
@@ -204,6 +209,46 @@ class ReproCLI(LightningCLI):
         if "--run.resume" not in " ".join(args):
             args += ["--run.resume", "true"]
         return "repro " + shlex.join(args) if args else f"repro fit … --ckpt_path {last}"
+
+    def _dry_run(self) -> bool:
+        return bool(self.subcommand is not None and self._run_cfg().get("dry_run"))
+
+    def instantiate_classes(self) -> None:
+        # a dry run builds the model as `build(meta=True)` does: a paper model of 0.8B parameters costs neither its
+        # 3 GB nor the seconds of its initialisation, and every shape and setting check still runs
+        with torch.device("meta") if self._dry_run() else nullcontext():
+            super().instantiate_classes()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if not self._dry_run():
+            return super()._run_subcommand(subcommand)
+        self._check_untrained(subcommand)
+        line = self._dry_run_line(subcommand)
+        if ReproCLI.summaries is not None:
+            ReproCLI.summaries.append(line)
+        else:
+            print(line, flush=True)
+
+    def _dry_run_line(self, subcommand: str) -> str:
+        """`dry run: fit paper/enwik8_12l  TransformerXLLM 41.1M parameters  LMDataModule enwik8  Trainer: cpu ×4,
+        ddp, bf16-mixed, max_steps 400000  checkpoint …  (nothing run)`."""
+        run, t = self._run_cfg(), self.trainer
+        params = sum(p.numel() for p in self.model.parameters())
+        data = type(self.datamodule).__name__ + (f" {self.datamodule.corpus_name}"
+                                                 if getattr(self.datamodule, "corpus_name", None) else "")
+        devices = f"{type(t.accelerator).__name__.removesuffix('Accelerator').lower()} ×{t.num_devices}"
+        strategy = type(t.strategy).__name__.removesuffix("Strategy")
+        trainer = [devices, "single device" if strategy == "SingleDevice" else strategy.lower(), str(t.precision)]
+        if subcommand == "fit":
+            trainer.append(f"max_steps {t.max_steps}" if t.max_steps > 0 else f"max_epochs {t.max_epochs}")
+        parts = [f"dry run: {subcommand} {self._name()}", f"{type(self.model).__name__} {params / 1e6:.1f}M parameters",
+                 data, "Trainer: " + ", ".join(trainer)]
+        if subcommand == "fit" and run.get("checkpoint"):
+            parts.append(f"checkpoint {_shown(Path(run['checkpoint']))}")
+        ckpt = self.config_init[subcommand].get("ckpt_path")
+        if ckpt:
+            parts.append(f"ckpt_path {ckpt}")
+        return "  ".join(parts) + "  (nothing run)"
 
     def instantiate_trainer(self, **kwargs):
         cfg = self.config.get(str(self.subcommand), self.config)
@@ -257,7 +302,7 @@ class ReproCLI(LightningCLI):
             kwargs["default_root_dir"] = str(Path(run["checkpoint"]).parent if run.get("checkpoint")
                                              else repo_root() / "checkpoints")
         trainer = super().instantiate_trainer(**kwargs)
-        if self._in_steps and trainer.world_size > 1:
+        if self._in_steps and trainer.world_size > 1 and not self._dry_run():
             raise _OwnProcess  # see `run_steps`
         return trainer
 
@@ -348,15 +393,19 @@ class ReproCLI(LightningCLI):
                 cfg["ckpt_path"] = str(last)
                 print(f"repro: resuming from {last}", flush=True)
         ckpt = cfg.get("ckpt_path")
-        if sub in ("validate", "test") and not ckpt and not run.get("untrained"):
-            raise ValueError(f"repro {sub} without --ckpt_path would score untrained weights: give --ckpt_path "
-                             "CHECKPOINT (or --run.untrained true to score them on purpose)")
+        self._check_untrained(sub)
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
         if self.trainer.local_rank == 0:
             # data, downloads and tokenizers now, so that a missing one stops the command before its MLflow run
             # exists (Lightning calls it again: a cache hit)
             self.datamodule.prepare_data()
         self._start_tracking()
+
+    def _check_untrained(self, sub: str) -> None:
+        if sub in ("validate", "test") and not self.config_init[sub].get("ckpt_path") \
+                and not self._run_cfg().get("untrained"):
+            raise ValueError(f"repro {sub} without --ckpt_path would score untrained weights: give --ckpt_path "
+                             "CHECKPOINT (or --run.untrained true to score them on purpose)")
 
     def before_fit(self):
         self._before()
@@ -661,7 +710,7 @@ def one_line(message: str) -> str:
             known = list(inspect.signature(Trainer).parameters)
         else:
             known = ["paper", "experiment", "profile", "record", "checkpoint", "select", "curves", "tracking",
-                     "last_every_steps", "last_every_minutes", "resume", "untrained"]
+                     "last_every_steps", "last_every_minutes", "resume", "untrained", "dry_run"]
         near = difflib.get_close_matches(key, known, n=1)
         return f"unknown option --{group}.{key}" + (f" (did you mean --{group}.{near[0]}?)" if near else "")
     literal = re.search(r'Parser key "([\w.]+)":\s*Expected a typing.Literal\[(.*?)\]\. Got value: (.*)', text)
