@@ -10,7 +10,19 @@ Modes:
   window of L tokens for every prediction (Al-Rfou et al.), against memory reuse, which scores a segment of S
   tokens at once with L tokens of cached memory; reported for each attention length L.
 
-Warm-up steps are excluded. `peak_memory_mb` is the CUDA allocator's peak on a GPU; on the CPU it is the
+Model-FLOPs utilisation (`mfu`, train and eval rows): the step's FLOPs over its median time and over the device's
+peak for the precision. The FLOPs are counted once, on one extra untimed step at full memory, by
+`torch.utils.flop_counter` (matrix products and attention: forward, and backward in training), with the eager
+attention kernel whatever kernel is timed, so that every kernel and compiled form of a model is divided by the
+same count. The peak comes from `PEAK_TFLOPS` (dense, the datasheets' figures without sparsity) for known GPUs, and
+otherwise is measured (`measured_peak_tflops`: the best of a few large matrix products in the precision): on a CPU
+always, whose rate depends on its cores, clock and instructions. float32 on a GPU counts against the plain float32
+peak unless TF32 products are allowed (`torch.backends.cuda.matmul.allow_tf32`), then against TF32's.
+
+Options of the timed step: `compile` (`nn.Module.compile` of the model's compile units, as `repro fit
+--run.compile true`: `SegmentLM.compile_model`), `attention` (the kernel of `repro.nn.attention`), and the
+optimiser of the module's `configure_optimizers` (fused on a GPU). Warm-up steps are excluded (with `compile`,
+they include the compilation of each memory length's graph). `peak_memory_mb` is the CUDA allocator's peak on a GPU; on the CPU it is the
 process's peak resident memory (the model, the data and the Python runtime included). `forward_tensor_peak_mb`,
 on any device, is the peak of the tensors one forward pass creates (activations, attention scores; not the
 weights, the input or the carried memory that existed before it), measured without gradients on one extra
@@ -62,22 +74,108 @@ def _peak_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+# Dense peak TFLOP/s by GPU name (torch.cuda.get_device_name) and precision: the vendors' datasheets, without
+# sparsity. "tf32" is float32 through the tensor cores (allowed by torch.backends.cuda.matmul.allow_tf32).
+PEAK_TFLOPS = {
+    "NVIDIA H200": {"bf16": 989.4, "tf32": 494.7, "32": 66.9},
+    "NVIDIA H100 80GB HBM3": {"bf16": 989.4, "tf32": 494.7, "32": 66.9},  # SXM5
+    "NVIDIA H100 PCIe": {"bf16": 756.0, "tf32": 378.0, "32": 51.2},
+    "NVIDIA A100-SXM4-80GB": {"bf16": 312.0, "tf32": 156.0, "32": 19.5},
+    "NVIDIA A100-SXM4-40GB": {"bf16": 312.0, "tf32": 156.0, "32": 19.5},
+    "NVIDIA A100 80GB PCIe": {"bf16": 312.0, "tf32": 156.0, "32": 19.5},
+    "NVIDIA L40S": {"bf16": 362.0, "tf32": 183.0, "32": 91.6},
+    "NVIDIA L4": {"bf16": 121.0, "tf32": 60.0, "32": 30.3},
+}
+
+
+def measured_peak_tflops(device: torch.device, precision: str, *, n: int | None = None, repeats: int = 5) -> float:
+    """The best TFLOP/s of `repeats` (n, n) × (n, n) products in `precision` (bf16 under autocast, as the timed
+    steps) on random data, after one untimed product. n: 8192 on a GPU, 2048 on a CPU."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=g)
+    b = torch.randn(n, n, device=device, generator=g)
+    best = float("inf")
+    with _autocast(device, precision):
+        for i in range(repeats + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            a @ b
+            _sync(device)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12
+
+
+def peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
+    """(peak TFLOP/s, where it comes from) for `precision` on `device`: `PEAK_TFLOPS` for a known GPU, otherwise
+    `measured_peak_tflops`."""
+    if device.type == "cuda":
+        key = precision
+        if precision == "32" and torch.backends.cuda.matmul.allow_tf32:
+            key = "tf32"
+        known = PEAK_TFLOPS.get(torch.cuda.get_device_name(device), {}).get(key)
+        if known:
+            return known, f"datasheet ({key})"
+    return round(measured_peak_tflops(device, precision), 2), "measured (large matrix product)"
+
+
+def count_flops(step) -> int:
+    """FLOPs of one call of `step` (matrix products and attention, `torch.utils.flop_counter`), with the eager
+    attention kernel (see the module docstring)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from repro.nn.attention import attention_kernel
+
+    counter = FlopCounterMode(display=False)
+    with attention_kernel("eager"), counter:
+        step()
+    return counter.get_total_flops()
+
+
+def environment(device: torch.device) -> dict:
+    """What a benchmark record names besides its numbers: the device (GPU name, or the CPU with its instruction set
+    and threads), the host CPU, torch and CUDA versions, and the command line."""
+    import sys
+
+    from repro.tracking import cpu_model, hardware
+
+    return {"device": hardware() if device.type == "cpu" else torch.cuda.get_device_name(device),
+            "host_cpu": cpu_model(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "command": "repro " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("repro")
+            else " ".join(sys.argv)}
+
+
 def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "32", steps: int = 10,
                  warmup: int = 3, batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
-                 attention_lengths: list[int] | None = None, segment: int = 32) -> list[dict]:
+                 attention_lengths: list[int] | None = None, segment: int = 32, compile: bool = False,
+                 attention: str = "auto", mfu: bool = True, optimizer: str = "module") -> list[dict]:
     """The rows of `repro bench` for a built `SegmentLM` and its data module (`config`: the files they came from,
-    recorded in every row; `repro.cli.bench.bench` builds them)."""
-    from repro.tracking import hardware
+    recorded in every row; `repro.cli.bench.bench` builds them). `optimizer`: `module` (the module's own,
+    `SegmentLM.make_optimizer`) or `foreach` (Adam's multi-tensor form on any device, the module's before it fused
+    the update on a GPU)."""
+    from repro.nn.attention import attention_kernel
 
     if precision not in ("32", "bf16"):
         raise ValueError("--precision is 32 or bf16")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     module.to(dev)
-    model = module.model
     g = torch.Generator().manual_seed(0)
-    base = {"config": config, "mode": mode, "precision": precision, "device": hardware() if dev.type == "cpu"
-            else torch.cuda.get_device_name(dev), "torch": torch.__version__,
-            "parameters": sum(p.numel() for p in module.parameters())}
+    base = {"config": config, "mode": mode, "precision": precision, **environment(dev),
+            "parameters": sum(p.numel() for p in module.parameters()), "compile": compile, "attention": attention,
+            "optimizer": optimizer}
+    with attention_kernel(attention):
+        if mode == "slowdown":
+            return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512],
+                             segment, g, base)
+        return _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, compile=compile,
+                      mfu=mfu, optimizer=optimizer)
+
+
+def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, *, compile: bool,
+           mfu: bool, optimizer: str) -> list[dict]:
+    model = module.model
+    mode = base["mode"]
     if mode == "slowdown":
         return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512], segment,
                          g, base)
@@ -93,9 +191,13 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
     times = []
     mems = None
     kv = (not train) and getattr(model, "supports_kv_memory", False)  # as `repro test` evaluates
+    eager_forward = None
+    if compile:
+        eager_forward = module.compile_model()
     if train:
         module.train()
-        opt = torch.optim.Adam(module.parameters(), lr=1e-4)
+        opt = module.make_optimizer() if optimizer == "module" else torch.optim.Adam(
+            module.parameters(), lr=module.optim.lr, foreach=True)
     else:
         module.eval()
         if lengths.mem_len > 0:  # time the steady state: a memory already full, as after the first segments
@@ -121,11 +223,18 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
                 hidden, mems = module(x, mems, lengths, kv_memory=kv)
                 model.nll(hidden, y)
 
+    flops = None
     for i in range(n_steps + 1):
         x, y = streams[:, i * t : (i + 1) * t], streams[:, i * t + 1 : (i + 1) * t + 1]
         if i == n_steps:  # one more forward pass, untimed, under the tensor tracker (it slows every operator)
             from repro.memtrack import TensorPeak
 
+            if eager_forward is not None:  # count and track the model's own operators, not the compiled graph's
+                module.compile_model(undo=eager_forward)
+            if mfu:  # one more step at full memory (its update is discarded with the model after the bench)
+                saved = mems
+                flops = count_flops(lambda: step(x, y))
+                mems = saved
             with torch.no_grad(), _autocast(dev, precision), TensorPeak() as tracker:
                 module(x, mems, lengths, kv_memory=kv)
             break
@@ -136,12 +245,17 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    return [base | {
+    row = base | {
         "batch_size": b, "tgt_len": t, "memory": asdict(lengths), "tokens": source, "steps": steps,
         "warmup": warmup, "ms_per_step": round(med * 1e3, 2), "tokens_per_s": round(b * t / med, 1),
         "peak_memory_mb": round(_peak_mb(dev), 1), "forward_tensor_peak_mb": round(tracker.peak_mb, 1),
         "threads": torch.get_num_threads(),
-    }]
+    }
+    if flops is not None:
+        peak, source = peak_tflops(dev, precision)
+        row |= {"gflop_per_step": round(flops / 1e9, 3), "tflop_per_s": round(flops / med / 1e12, 3),
+                "peak_tflop_per_s": peak, "peak_source": source, "mfu": round(flops / med / (peak * 1e12), 4)}
+    return [row]
 
 
 def _slowdown(module, dm, dev, precision, steps, warmup, lengths, segment, g, base) -> list[dict]:

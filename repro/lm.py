@@ -173,11 +173,34 @@ class SegmentLM(L.LightningModule):
             self.log(f"train/{name}", value)
         return total
 
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """The reference's Adam. On a CPU `foreach`: one multi-tensor kernel per update term instead of a loop over
+        parameters (the same numbers; the per-parameter loop costs a small model more than its matmuls do). On a
+        GPU `fused`: the whole update in one kernel per group of tensors (the same update, rounded differently in
+        the last bits)."""
+        fused = all(p.device.type == "cuda" for p in self.parameters())
+        return torch.optim.Adam(self.parameters(), lr=self.optim.lr, betas=self.optim.betas,
+                                weight_decay=self.optim.weight_decay, **({"fused": True} if fused else
+                                                                         {"foreach": True}))
+
+    def compile_model(self, *, undo: list[torch.nn.Module] | None = None) -> list[torch.nn.Module]:
+        """Compile the model for this process (`repro fit --run.compile true`, `repro bench --compile`):
+        `nn.Module.compile` of each of the model's `compile_units()` (Transformer-XL and the models built on it:
+        its decoder layers, one graph shared by the layers of one shape) or of the whole model, with static shapes
+        (one graph per memory length: a training memory has two, the empty first one and the full one). The state
+        dict, checkpoints and numbers are the eager model's (to rounding; tests/test_compile.py). Returns the
+        units compiled; `undo=` those units turns them back to eager."""
+        if undo is not None:
+            for unit in undo:
+                unit._compiled_call_impl = None  # what nn.Module.compile sets; None is the eager call
+            return undo
+        units = list(self.model.compile_units()) if hasattr(self.model, "compile_units") else [self.model]
+        for unit in units:
+            unit.compile(dynamic=False)
+        return units
+
     def configure_optimizers(self):
-        # foreach: one multi-tensor kernel per update term instead of a loop over parameters (the same numbers;
-        # the per-parameter loop costs a small model more than its matmuls do)
-        opt = torch.optim.Adam(self.parameters(), lr=self.optim.lr, betas=self.optim.betas,
-                               weight_decay=self.optim.weight_decay, foreach=True)
+        opt = self.make_optimizer()
         max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else 0
         if self.optim.schedule == "cosine" and max_steps <= 0:
             raise ValueError("the cosine schedule decays over trainer.max_steps: set --trainer.max_steps")

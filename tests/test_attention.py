@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from repro.nn.attention import (
     AbsoluteAttention,
     RelPartialLearnableAttention,
+    attention_kernel,
     causal_mask,
     rel_shift,
     relative_distances,
@@ -94,7 +95,7 @@ def naive_relative_attention(attn, h, mem, r, u, v, *, same_length, mem_len):
     kk = (cat @ w[nh * e : 2 * nh * e].T).view(b, k_len, nh, e)
     vv = (cat @ w[2 * nh * e :].T).view(b, k_len, nh, e)
     rk = attn.r_net(r).view(k_len, nh, e)  # row c: distance k_len-1-c
-    out = torch.zeros(b, t, nh, e)
+    out = torch.zeros(b, t, nh, e, dtype=h.dtype)
     for bb in range(b):
         for hh in range(nh):
             for i in range(t):
@@ -126,6 +127,69 @@ def test_relative_attention_equals_naive_loop(mem, same_length, clamp):
     assert kv.shape == (2, b, nh, mem + t, e)
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=mem_len)
     assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mem,same_length,clamp", [(0, False, -1), (5, True, -1), (6, False, 3)])
+def test_sdpa_kernel_equals_naive_loop_in_float64(mem, same_length, clamp):
+    """The fused kernel's path (the positional term and the mask as one additive bias of
+    `scaled_dot_product_attention`) against the per-(i, j) loop, everything in float64."""
+    d, nh, e, t, b = 12, 3, 4, 4, 2
+    attn = RelPartialLearnableAttention(d_model=d, n_head=nh, d_head=e, dropatt=0.0).double().eval()
+    h, memory = torch.randn(b, t, d, dtype=torch.float64), torch.randn(b, mem, d, dtype=torch.float64)
+    r = sinusoid_table(relative_distances(mem + t, clamp_len=clamp), d).double()
+    u, v = torch.randn(nh, e, dtype=torch.float64), torch.randn(nh, e, dtype=torch.float64)
+    mask = causal_mask(t, mem + t, same_length=same_length, mem_len=6)
+    with attention_kernel("sdpa"):
+        fast, _ = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
+    slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=6)
+    assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [RelPartialLearnableAttention, AbsoluteAttention])
+def test_sdpa_kernel_gives_the_eager_outputs_and_gradients(monkeypatch, cls):
+    """Outputs and every gradient (inputs, memory, u, v, weights) of the two kernels in float32, with weights large
+    enough that a wrong bias or mask moves them far beyond the tolerance; and the fused path is the one taken."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    d, nh, e, t, b, mem = 32, 4, 8, 6, 2, 9
+    attn = cls(d_model=d, n_head=nh, d_head=e, dropatt=0.0)
+    for w in attn.parameters():
+        torch.nn.init.normal_(w, 0.0, 0.5)
+    h, memory = torch.randn(b, t, d, requires_grad=True), torch.randn(b, mem, d, requires_grad=True)
+    r = sinusoid_table(relative_distances(mem + t), d)
+    u, v = torch.randn(nh, e, requires_grad=True), torch.randn(nh, e, requires_grad=True)
+    mask = causal_mask(t, mem + t, same_length=True, mem_len=7)
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, f=F.scaled_dot_product_attention, **k: calls.append(1) or f(*a, **k))
+    runs = {}
+    for kernel in ("eager", "sdpa"):
+        with attention_kernel(kernel):
+            out, _ = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
+        inputs = [h, memory, u, v] + list(attn.parameters())
+        grads = torch.autograd.grad(out.square().sum(), inputs, allow_unused=True)
+        runs[kernel] = [out] + [g for g in grads if g is not None]
+        assert len(calls) == (kernel == "sdpa")
+    for a, c in zip(runs["eager"], runs["sdpa"]):  # ‖difference‖ / ‖eager‖: float32 rounding is ~1e-7
+        assert ((c - a).norm() / a.norm()).item() < 1e-5
+    masked = runs["eager"][0].detach()
+    with attention_kernel("sdpa"):  # not vacuous: without the mask the outputs differ far beyond the tolerance
+        unmasked, _ = attn(h, mem_BMD=memory, mask_TK=torch.zeros_like(mask), pos=(r, u, v))
+    assert ((unmasked - masked).norm() / masked.norm()).item() > 1e-2
+
+
+def test_auto_kernel_is_eager_on_a_cpu_and_names_are_checked():
+    from repro.nn.attention import uses_sdpa
+
+    assert not uses_sdpa(torch.device("cpu")) and uses_sdpa(torch.device("cuda"))
+    with attention_kernel("sdpa"):
+        assert uses_sdpa(torch.device("cpu"))
+    with attention_kernel("eager"):
+        assert not uses_sdpa(torch.device("cuda"))
+    with pytest.raises(ValueError, match="auto, eager, sdpa"):
+        with attention_kernel("flash"):
+            pass
 
 
 def test_clamp_uses_clamped_distance_embedding():

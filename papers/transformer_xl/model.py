@@ -135,6 +135,11 @@ class TransformerXL(nn.Module):
         self.apply(self._init_weights)
         self._tie()
 
+    def compile_units(self) -> list[nn.Module]:
+        """What `SegmentLM.compile_model` compiles: the decoder layers (the embedding and the adaptive softmax stay
+        eager)."""
+        return list(self.layers)
+
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
         """One layer's attention; other papers' models override this to put their attention in the backbone."""
         attn = RelPartialLearnableAttention if cfg.attention == "relative" else AbsoluteAttention

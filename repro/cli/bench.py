@@ -1,5 +1,6 @@
 """`repro bench`: speed and memory of a config's model (train, eval, or Transformer-XL's Table 9 slowdown), or of
-several models side by side (`--compare`).
+several models side by side (`--compare`), or one model under several variants side by side (`--variants`: the
+attention kernel, compilation, the optimiser's form).
 
 The measurement is library code in `repro.bench` (`bench_module`, on a built module and data module); this
 module builds them from the config files (`repro.cli.cli.build`), applies the rehearsal's settings, and writes
@@ -15,7 +16,8 @@ import torch
 
 def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 10, warmup: int = 3,
           batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
-          attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None) -> list[dict]:
+          attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None,
+          compile: bool = False, attention: str = "auto") -> list[dict]:
     """The rows of `repro bench` for config files merged in order (then `overrides`, CLI arguments)."""
     from repro.bench import bench_module
     from repro.cli.cli import build
@@ -25,7 +27,7 @@ def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 1
     cli = build(config, overrides)
     return bench_module(cli.model, cli.datamodule, config=config, mode=mode, precision=precision, steps=steps,
                         warmup=warmup, batch_size=batch_size, tgt_len=tgt_len, device=device,
-                        attention_lengths=attention_lengths, segment=segment)
+                        attention_lengths=attention_lengths, segment=segment, compile=compile, attention=attention)
 
 
 def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: list[str] | None = None,
@@ -52,24 +54,73 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
     return rows
 
 
+def parse_variant(spec: str) -> dict:
+    """`repro bench --variants`: a variant is an attention kernel with optional `+compile` and `+foreach` (the
+    optimiser's multi-tensor form instead of the module's), e.g. `eager+foreach`, `sdpa+compile`."""
+    from repro.nn.attention import KERNELS
+
+    kernel, *flags = spec.split("+")
+    unknown = [f for f in flags if f not in ("compile", "foreach")]
+    if kernel not in KERNELS or unknown:
+        raise ValueError(f"variant {spec!r}: an attention kernel ({', '.join(KERNELS)}) and optionally "
+                         "+compile, +foreach")
+    return {"attention": kernel, "compile": "compile" in flags,
+            "optimizer": "foreach" if "foreach" in flags else "module"}
+
+
+def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
+             overrides: list[str] | None = None, **kw) -> list[dict]:
+    """`repro bench --variants`: one model, timed under each variant in turns over `rounds` rounds (as
+    `--compare` does for models), each row with its `variant`, `round` and speed relative to the first variant's
+    in the same round. A compiled variant's graphs are built in its first round's warm-up and reused after."""
+    from repro.bench import bench_module
+    from repro.cli.cli import build
+
+    if mode == "slowdown":
+        raise ValueError("--variants times train or eval, not slowdown")
+    parsed = [(spec, parse_variant(spec)) for spec in specs]
+    cli = build(config, overrides)
+    rows = []
+    for r in range(1, rounds + 1):
+        first = None
+        for spec, options in parsed:
+            torch.manual_seed(0)
+            row = bench_module(cli.model, cli.datamodule, config=config, mode=mode, **options, **kw)[0]
+            first = first or row["tokens_per_s"]
+            rows.append(row | {"variant": spec, "round": r, "relative": round(row["tokens_per_s"] / first, 3)})
+            print(f"round {r}: {spec} {mode} {row['tokens_per_s']:,.0f} tokens/s ({rows[-1]['relative']:.2f}× the "
+                  f"first){_mfu(row)}, peak {row['peak_memory_mb']:,.0f} MB", flush=True)
+    return rows
+
+
+def _mfu(row: dict) -> str:
+    return f", MFU {row['mfu']:.1%} of {row['peak_tflop_per_s']:g} TFLOP/s" if "mfu" in row else ""
+
+
 def main(args) -> None:
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
     if getattr(args, "rehearsal", "false") == "true":  # the code path at the paper's sizes, not a measurement
         args.steps, args.warmup, args.batch_size = 1, 0, args.batch_size or 2
-    if args.compare:
+    if args.variants:
+        rows = variants(args.config, args.variants.split(","), mode=args.mode, rounds=args.rounds,
+                        overrides=args.override, precision=args.precision, steps=args.steps, warmup=args.warmup,
+                        batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device)
+    elif args.compare:
         rows = compare([c.split(",") for c in args.config], mode=args.mode, rounds=args.rounds,
                        overrides=args.override, precision=args.precision, steps=args.steps, warmup=args.warmup,
-                       batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device)
+                       batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
+                       compile=args.compile, attention=args.attention)
         for row in rows:  # one line per model and round for people; the JSON lines below or in --output
             print(f"round {row['round']}: {'+'.join(row['config'])} {row['mode']} {row['tokens_per_s']:,.0f} tokens/s "
-                  f"({row['relative']:.2f}× the first)", flush=True)
+                  f"({row['relative']:.2f}× the first){_mfu(row)}", flush=True)
     else:
         rows = bench(args.config, mode=args.mode, precision=args.precision, steps=args.steps, warmup=args.warmup,
                      batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
                      attention_lengths=[int(x) for x in args.attention_lengths.split(",")] if args.attention_lengths
-                     else None, segment=args.segment, overrides=args.override)
+                     else None, segment=args.segment, overrides=args.override, compile=args.compile,
+                     attention=args.attention)
     if getattr(args, "rehearsal", "false") == "true":
         rows = [{**r, "rehearsal": True} for r in rows]
     lines = [json.dumps(r) for r in rows]

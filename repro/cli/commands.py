@@ -181,13 +181,16 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     d.add_argument("config", nargs="+")
     d.set_defaults(func=_describe)
 
-    b = sub.add_parser("bench", help="tokens/s and peak memory of a config (one JSON line)")
+    b = sub.add_parser("bench", help="tokens/s, model-FLOPs utilisation and peak memory of a config (one JSON line)")
     b.add_argument("config", nargs="+", help="config file(s), merged in order (e.g. a training and an eval config); "
                    "with --compare one model each (A.yaml,A.eval.yaml merges)")
     b.add_argument("--compare", action="store_true",
                    help="time each config's model in turns, interleaved over --rounds, and give each one's speed "
                         "relative to the first's")
-    b.add_argument("--rounds", type=int, default=2, help="--compare: rounds of turns")
+    b.add_argument("--variants",
+                   help="time one model under each comma-separated variant in turns: an attention kernel (auto, "
+                        "eager, sdpa) with optional +compile and +foreach, e.g. eager+foreach,sdpa,sdpa+compile")
+    b.add_argument("--rounds", type=int, default=2, help="--compare, --variants: rounds of turns")
     b.add_argument("--mode", choices=["train", "eval", "slowdown"], default="train")
     b.add_argument("--precision", choices=["32", "bf16"], default="32")
     b.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
@@ -198,6 +201,10 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     b.add_argument("--threads", type=int)
     b.add_argument("--attention-lengths", help="slowdown: comma-separated attention lengths")
     b.add_argument("--segment", type=int, default=32, help="slowdown: segment length of the memory model")
+    b.add_argument("--compile", action="store_true",
+                   help="time the compiled model (as repro fit --run.compile true); warm-up includes compilation")
+    b.add_argument("--attention", choices=["auto", "eager", "sdpa"], default="auto",
+                   help="attention kernel (repro.nn.attention): auto = sdpa on a GPU, eager on a CPU")
     b.add_argument("--override", action="append", default=[], help="extra CLI override, e.g. --override=--model.init_args.model.dropout=0")
     b.add_argument("--output", help="also write the JSON lines to this file")
     b.add_argument("--rehearsal", choices=["true", "false"], default="false",

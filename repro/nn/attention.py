@@ -10,12 +10,20 @@ differ only in the scores:
   score(i, j) = q_i·k_j + q_i·W_kR R_{i-j} + u·k_j + v·W_kR R_{i-j}, the last two with learned u, v per head.
 - `AbsoluteAttention`: the standard attention of Vaswani et al. (positions added to the input), with the memory
   prepended to the keys, as the reference's `attn_type=2`.
-Masking, softmax, attention dropout and the value product are written once, in `attend`.
+Masking, softmax, attention dropout and the value product are written once, in `attend`, which runs one of two
+kernels (`attention_kernel`): `eager`, the scores as a (B, H, T, K) tensor, softmax in float32 (on a CPU in row
+blocks, `repro.nn.blocked`), as the reference computes them; or `sdpa`, PyTorch's fused
+`scaled_dot_product_attention`, with Transformer-XL's positional term and the mask passed as one additive bias
+(its memory-efficient kernel on a GPU takes a bias and returns its gradient), so that the softmax's probabilities
+never exist as a tensor. `auto` (the default) is `sdpa` on a GPU and `eager` on a CPU, where the blocked softmax is
+faster and every committed result was computed. Both give the same function: tests/test_attention.py compares
+them in float64, with gradients, and the parity suite runs either kernel against the authors' code.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +138,48 @@ def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, mem_len: i
     return mask
 
 
+KERNELS = ("auto", "eager", "sdpa")
+_kernel = "auto"
+
+
+@contextmanager
+def attention_kernel(name: str):
+    """Within the block, `attend` runs kernel `name` (`auto`, `eager` or `sdpa`: the module docstring)."""
+    global _kernel
+    if name not in KERNELS:
+        raise ValueError(f"the attention kernel is one of {', '.join(KERNELS)}, got {name!r}")
+    before, _kernel = _kernel, name
+    try:
+        yield
+    finally:
+        _kernel = before
+
+
+def set_attention_kernel(name: str) -> None:
+    """`attention_kernel` for the rest of the process (`repro fit --run.attention`, `repro bench --attention`)."""
+    global _kernel
+    if name not in KERNELS:
+        raise ValueError(f"the attention kernel is one of {', '.join(KERNELS)}, got {name!r}")
+    _kernel = name
+
+
+def uses_sdpa(device: torch.device) -> bool:
+    return _kernel == "sdpa" or (_kernel == "auto" and device.type == "cuda")
+
+
+def _attend_sdpa(q_BHTE, k_BHKE, v_BHKE, mask_TK, score_bias_BHTK, p: float) -> torch.Tensor:
+    """`attend` through `F.scaled_dot_product_attention` (q already scaled, so scale=1). The mask enters the bias
+    as −inf (a new tensor: the bias may be a strided view, and the kernel wants rows of unit stride); without a bias
+    it is a boolean mask (True: may attend, the opposite of ours)."""
+    if score_bias_BHTK is None:
+        mask = ~mask_TK
+    else:
+        mask = score_bias_BHTK.masked_fill(mask_TK, float("-inf"))
+    # under autocast the kernel's inputs are cast to its precision (the queries, which the float32 biases u and v
+    # promote, and the bias); outside it every input has the model's dtype
+    return F.scaled_dot_product_attention(q_BHTE, k_BHKE, v_BHKE, attn_mask=mask, dropout_p=p, scale=1.0)
+
+
 def attend(
     q_BHTE: torch.Tensor,
     k_BHKE: torch.Tensor,
@@ -141,6 +191,9 @@ def attend(
 ) -> torch.Tensor:
     """softmax(q·kᵀ + bias, masked) · v → (B, H, T, E). The caller scales q (and the bias) by 1/√E: scaling the
     (B, H, T, E) queries is cheaper than scaling the (B, H, T, K) scores."""
+    if uses_sdpa(q_BHTE.device):
+        return _attend_sdpa(q_BHTE, k_BHKE, v_BHKE, mask_TK, score_bias_BHTK,
+                            dropatt.p if dropatt.training else 0.0)
     scores = q_BHTE @ k_BHKE.transpose(-1, -2)
     no_dropout = dropatt.p == 0 or not dropatt.training
     if no_dropout and mask_TK.dim() == 2 and blocked.handles(scores, v_BHKE):

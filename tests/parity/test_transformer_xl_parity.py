@@ -15,6 +15,7 @@ without the memory they do not.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ import torch
 import yaml
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from repro.nn.attention import relative_distances, sinusoid_table
+from repro.nn.attention import attention_kernel, relative_distances, sinusoid_table
 from tests.parity.common import TOLERANCE, load_fixture
 
 FIXTURES = Path(__file__).resolve().parent / "transformer_xl"
@@ -146,9 +147,34 @@ def official_layer0_accumulation(model: TransformerXL, mem_len: int):
     return rewrite
 
 
+@contextmanager
+def variant(model: TransformerXL, name: str):
+    """The attention kernel (`repro.nn.attention`), and with `+compile` the decoder layers compiled as `repro fit
+    --run.compile true` compiles them: every variant must give the authors' numbers."""
+    kernel, _, compiled = name.partition("+")
+    if compiled:
+        for layer in model.compile_units():
+            layer.compile(dynamic=False)
+    try:
+        with attention_kernel(kernel):
+            yield
+    finally:
+        for layer in model.compile_units():
+            layer._compiled_call_impl = None
+
+
+KERNELS = ["eager", "sdpa"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", CASES)
-def test_losses_and_memories_match_official(case):
+def test_losses_and_memories_match_official(case, kernel):
     tensors, meta, model = load(case)
+    with variant(model, kernel):
+        _losses_and_memories_match(tensors, meta, model)
+
+
+def _losses_and_memories_match(tensors, meta, model):
     emulate = None
     if meta["model"]["attn_type"] == 2 and meta["mem_len"] > meta["tgt_len"]:
         emulate = official_layer0_accumulation(model, meta["mem_len"])  # README: absolute-position baseline
@@ -280,13 +306,16 @@ def _gradient_pairs(model: TransformerXL, tensors) -> list[tuple[str, torch.Tens
     return pairs
 
 
+@pytest.mark.parametrize("kernel", [*KERNELS, "sdpa+compile"])
 @pytest.mark.parametrize("case", GRAD_CASES)
-def test_training_gradients_equal_the_authors(case):
+def test_training_gradients_equal_the_authors(case, kernel):
     """train.py's step (`loss = ret[0].float().mean(); loss.backward()`, the memory carried) over 4 segments against
     ours: every segment's mean loss and every parameter's accumulated gradient (relative to its largest entry where
-    that exceeds 1) agree to 1e-4, and the parameters that get no gradient there get none here either."""
+    that exceeds 1) agree to 1e-4, and the parameters that get no gradient there get none here either; with either
+    attention kernel, and compiled."""
     tensors, meta, model = load(case)
-    losses = run_training(model, tensors, meta)
+    with variant(model, kernel):
+        losses = run_training(model, tensors, meta)
     torch.testing.assert_close(losses, tensors["output.loss_mean"], atol=TOLERANCE, rtol=TOLERANCE)
     pairs = _gradient_pairs(model, tensors)
     assert len(pairs) >= 20
