@@ -16,9 +16,10 @@
   (under DDP each rank used to replace the file with its own empty temporary file).
 - `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint
   given to the wrong model is refused by name before a run starts, and test and resumed runs cite their fit run.
-- `ProgressLine`: one line every `log_every_n_steps` with step/max_steps, loss, tokens/s and ETA (under `repro runs`
-  at most one every two minutes) — the configs turn the progress bar off (it floods the logs of background jobs);
-  `StepProgressBar`: Lightning's bar counting steps of `max_steps` (it reads `Epoch 0/-2` for step-bounded runs),
+- `ProgressLine`: one line every `log_every_n_steps` with the step out of the step where the fit stops (`max_steps`,
+  or the end of its epochs where that comes first, as in a rehearsal), loss, tokens/s and ETA (under `repro runs` at
+  most one every two minutes) — the configs turn the progress bar off (it floods the logs of background jobs);
+  `StepProgressBar`: Lightning's bar counting steps to the same stop (it reads `Epoch 0/-2` for step-bounded runs),
   used when a run turns the bar on.
 - `RankSeeds` (not added by `repro`; a config lists it under `trainer.callbacks`): under DDP, each rank's random
   draws (dropout) seeded with the run's seed + its global rank when a fit starts, as LaMemo's `train_ddp.py` seeds
@@ -246,16 +247,35 @@ def eta_text(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
 
 
+def stop_step(trainer) -> int | None:
+    """The optimiser step at which this fit stops: `max_steps`, or sooner where the epochs end first (`max_epochs` ×
+    the batches of an epoch after `limit_train_batches`, over `accumulate_grad_batches`) — a rehearsal keeps the
+    paper's `max_steps` for its learning-rate schedule and stops after one epoch of 2 batches
+    (`configs/rehearsal/trainer.yaml`), and its progress read `step 5/10119 … ETA 70h31m`. Lightning's
+    `estimated_stepping_batches` is this count; None where it is unbounded (an epoch of unknown length without
+    `max_steps`). Read once the training data is set up (`on_train_start`)."""
+    import math
+
+    try:
+        steps = trainer.estimated_stepping_batches
+    except Exception:  # e.g. accumulation that varies by epoch: fall back to the configured horizon
+        steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else math.inf
+    return None if steps == math.inf or steps < 0 else int(steps)
+
+
 class ProgressLine(Callback):
     """`fit tiny/enwik8_12l  step 40/400  loss 2.913  11.2k tok/s  ETA 1m05s`, every `log_every_n_steps` steps
-    (and at the last step); tokens/s counts the training tokens of all ranks since the last line."""
+    (and at the last step); the total is the step where the fit will stop (`stop_step`), tokens/s counts the
+    training tokens of all ranks since the last line."""
 
     def __init__(self, name: str, *, min_seconds: float = 0.0):
         self.name, self.min_seconds = name, min_seconds
+        self._total: int | None = None
 
     def on_train_start(self, trainer, pl_module):
         self._t, self._tokens = time.monotonic(), self._seen(pl_module)
         self._t0, self._step0 = self._t, trainer.global_step
+        self._total = stop_step(trainer)
 
     @staticmethod
     def _seen(pl_module) -> int:
@@ -263,7 +283,7 @@ class ProgressLine(Callback):
         return int(seen.item()) if seen is not None else 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step, total = trainer.global_step, trainer.max_steps
+        step, total = trainer.global_step, self._total
         every = max(1, trainer.log_every_n_steps)
         if trainer.global_rank != 0 or not (step % every == 0 or step == total) or getattr(self, "_shown", -1) == step:
             return
@@ -293,7 +313,7 @@ def step_progress_bar(name: str):
     class StepProgressBar(TQDMProgressBar):
         def on_train_epoch_start(self, trainer, *_):
             bar = self.train_progress_bar
-            bar.reset(total=trainer.max_steps if trainer.max_steps > 0 else None)
+            bar.reset(total=stop_step(trainer))
             bar.initial = trainer.global_step
             bar.n = trainer.global_step
             bar.set_description(f"fit {name}")

@@ -98,3 +98,38 @@ def test_the_progress_bar_counts_steps(capfd):
     final = [part for part in text.replace("\r", "\n").splitlines() if part.startswith("fit tiny/enwik8_12l: 100%")]
     assert final and "4/4" in final[-1] and "loss=" in final[-1] and "tok/s=" in final[-1], text[-2000:]
     assert "Epoch 0/-2" not in text
+
+
+def test_a_capped_run_counts_to_where_it_stops(capfd):
+    """A rehearsal keeps the paper's `max_steps` (its learning-rate schedule) and stops after one epoch of 2 batches
+    (configs/rehearsal/trainer.yaml): the line and the bar count to 2, not to the paper's 10,119 (issue 38:
+    `step 5/10119 … ETA 70h31m` in a run that stopped minutes later)."""
+    capped = ["-c", os.path.join(ROOT, "configs/rehearsal/trainer.yaml"), *SMALL[:10], "--trainer.max_steps", "10119",
+              "--run.tracking", "none"]
+    main(["fit", "-c", TINY, *capped])
+    lines = [l for l in "".join(capfd.readouterr()).splitlines() if l.startswith("fit tiny/enwik8_12l  step")]
+    assert [l.split("  ")[1] for l in lines] == ["step 1/2", "step 2/2"], lines
+    assert re.search(r"ETA 0m0\ds$", lines[0]), lines[0]
+    main(["fit", "-c", TINY, *capped, "--trainer.enable_progress_bar", "true"])
+    text = "".join(capfd.readouterr())
+    final = [part for part in text.replace("\r", "\n").splitlines() if part.startswith("fit tiny/enwik8_12l: 100%")]
+    assert final and "2/2" in final[-1], text[-2000:]
+
+
+def test_the_stop_is_the_first_of_max_steps_and_the_epochs():
+    from types import SimpleNamespace
+
+    from repro.callbacks import stop_step
+
+    assert stop_step(SimpleNamespace(estimated_stepping_batches=2, max_steps=10119)) == 2
+    assert stop_step(SimpleNamespace(estimated_stepping_batches=float("inf"), max_steps=-1)) is None
+
+    class Varying:  # Lightning refuses the estimate when accumulation changes by epoch: the configured horizon
+        max_steps = 400
+
+        @property
+        def estimated_stepping_batches(self):
+            raise RuntimeError("different accumulate_grad_batches at different epochs")
+
+    assert stop_step(Varying()) == 400
+
