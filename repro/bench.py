@@ -149,11 +149,12 @@ def environment(device: torch.device) -> dict:
 def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "32", steps: int = 10,
                  warmup: int = 3, batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
                  attention_lengths: list[int] | None = None, segment: int = 32, compile: bool = False,
-                 attention: str = "auto", mfu: bool = True, optimizer: str = "module") -> list[dict]:
+                 attention: str = "auto", mfu: bool = True, optimizer: str = "module", profile: int = 0) -> list[dict]:
     """The rows of `repro bench` for a built `SegmentLM` and its data module (`config`: the files they came from,
     recorded in every row; `repro.cli.bench.bench` builds them). `optimizer`: `module` (the module's own,
     `SegmentLM.make_optimizer`) or `foreach` (Adam's multi-tensor form on any device, the module's before it fused
-    the update on a GPU)."""
+    the update on a GPU). `profile` > 0: after the timed steps, three more under `torch.profiler`, and the row's
+    `profile` lists the operators (kernels on a GPU) that took the most device time, that many."""
     from repro.nn.attention import attention_kernel
 
     if precision not in ("32", "bf16"):
@@ -169,11 +170,27 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
             return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512],
                              segment, g, base)
         return _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, compile=compile,
-                      mfu=mfu, optimizer=optimizer)
+                      mfu=mfu, optimizer=optimizer, profile=profile)
+
+
+def _profiled(step, batches, dev, top: int) -> list[dict]:
+    """The `top` operators by self device time over `batches` steps (per step, in ms)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profiler(activities=acts) as prof:
+        for x, y in batches:
+            step(x, y)
+        _sync(dev)
+    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"name": e.key[:80], "ms_per_step": round(getattr(e, key) / 1e3 / len(batches), 3),
+             "calls_per_step": e.count // len(batches)} for e in events]
 
 
 def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, *, compile: bool,
-           mfu: bool, optimizer: str) -> list[dict]:
+           mfu: bool, optimizer: str, profile: int = 0) -> list[dict]:
     model = module.model
     mode = base["mode"]
     if mode == "slowdown":
@@ -229,6 +246,8 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         if i == n_steps:  # one more forward pass, untimed, under the tensor tracker (it slows every operator)
             from repro.memtrack import TensorPeak
 
+            if profile:  # the same steps (the memory carried on), compiled if timed so
+                profiled = _profiled(step, [(x, y)] * 3, dev, profile)
             if eager_forward is not None:  # count and track the model's own operators, not the compiled graph's
                 module.compile_model(undo=eager_forward)
             if mfu:  # one more step at full memory (its update is discarded with the model after the bench)
@@ -251,6 +270,8 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         "peak_memory_mb": round(_peak_mb(dev), 1), "forward_tensor_peak_mb": round(tracker.peak_mb, 1),
         "threads": torch.get_num_threads(),
     }
+    if profile:
+        row["profile"] = profiled
     if flops is not None:
         peak, source = peak_tflops(dev, precision)
         row |= {"gflop_per_step": round(flops / 1e9, 3), "tflop_per_s": round(flops / med / 1e12, 3),

@@ -90,6 +90,8 @@ def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
             rows.append(row | {"variant": spec, "round": r, "relative": round(row["tokens_per_s"] / first, 3)})
             print(f"round {r}: {spec} {mode} {row['tokens_per_s']:,.0f} tokens/s ({rows[-1]['relative']:.2f}× the "
                   f"first){_mfu(row)}, peak {row['peak_memory_mb']:,.0f} MB", flush=True)
+            for op in row.get("profile", []):
+                print(f"  {op['ms_per_step']:9.3f} ms/step {op['calls_per_step']:5d}× {op['name']}", flush=True)
     return rows
 
 
@@ -106,7 +108,8 @@ def main(args) -> None:
     if args.variants:
         rows = variants(args.config, args.variants.split(","), mode=args.mode, rounds=args.rounds,
                         overrides=args.override, precision=args.precision, steps=args.steps, warmup=args.warmup,
-                        batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device)
+                        batch_size=args.batch_size, tgt_len=args.tgt_len, device=args.device,
+                        profile=args.profile)
     elif args.compare:
         rows = compare([c.split(",") for c in args.config], mode=args.mode, rounds=args.rounds,
                        overrides=args.override, precision=args.precision, steps=args.steps, warmup=args.warmup,

@@ -191,6 +191,9 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
                    help="time one model under each comma-separated variant in turns: an attention kernel (auto, "
                         "eager, sdpa) with optional +compile and +foreach, e.g. eager+foreach,sdpa,sdpa+compile")
     b.add_argument("--rounds", type=int, default=2, help="--compare, --variants: rounds of turns")
+    b.add_argument("--profile", type=int, default=0,
+                   help="--variants: after each variant's timed steps, profile three more and list the N "
+                        "operators (GPU kernels) that took the most device time")
     b.add_argument("--mode", choices=["train", "eval", "slowdown"], default="train")
     b.add_argument("--precision", choices=["32", "bf16"], default="32")
     b.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
