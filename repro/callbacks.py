@@ -11,7 +11,9 @@
 - `BestCheckpoint`: `--run.select METRIC:min|max`, the model selection of the authors' training scripts: after every
   validation whose METRIC improves on the best so far, the whole checkpoint is written to `a.best.ckpt`; at the end
   of the fit it becomes `a.ckpt` (the checkpoint every test reads) and the final training state stays in
-  `a.last.ckpt`. The best value and its step travel in checkpoints, so a resumed fit keeps its selection.
+  `a.last.ckpt` — one file under both names (a hard link) where the selected step is the final one or no validation
+  ran (`repro.cli.cli.ReproCLI._finish_selection`). The best value and its step travel in checkpoints, so a resumed
+  fit keeps its selection.
 - `save_checkpoint`: every checkpoint of a run is written by this function: atomically, and by global rank 0 only
   (under DDP each rank used to replace the file with its own empty temporary file).
 - `Provenance`: what a checkpoint is (module class, resolved config, experiment, MLflow run), so that a checkpoint

@@ -1,4 +1,5 @@
-"""Files that are never half-written, and checkpoints that load without unpickling code."""
+"""Files that are never half-written, one file under two names where both hold the same state (`link_or_copy`),
+and checkpoints that load without unpickling code."""
 
 from __future__ import annotations
 
@@ -44,6 +45,27 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
+    """Make `dst` a hard link of `src`, atomically (a link under a temporary name beside `dst` replaces it), so that
+    two names of one state share storage: a paper-size final checkpoint and its `.last.ckpt` held 3.4 GB each at
+    285M parameters (issue 38). Where the file system has no hard links (or refuses one: another device, a link
+    count limit) the bytes are copied instead, as atomically. Returns whether a link was made.
+
+    Sharing is safe because every writer here replaces a file (`atomic_path`: a new inode under the old name) and
+    none writes into one: a later save to either name leaves the other's bytes as they were."""
+    import shutil
+
+    with atomic_path(dst) as tmp:
+        os.unlink(tmp)  # os.link makes its own file
+        try:
+            os.link(src, tmp)
+            return True
+        except OSError:
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, 0o666 & ~_umask())
+            return False
 
 
 @contextmanager

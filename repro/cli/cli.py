@@ -435,20 +435,31 @@ class ReproCLI(LightningCLI):
 
     def _finish_selection(self, ckpt: Path, last: Path) -> None:
         """`--run.select`: the final state goes to `last`, the best validation's checkpoint becomes `ckpt` (a resumed
-        fit that had already finished keeps the `ckpt` it selected then)."""
+        fit that had already finished keeps the `ckpt` it selected then). Where the selected step is the final one
+        (the usual case while the loss still falls, and a rehearsal's one validation) or no validation ran, `ckpt`
+        and `last` hold the same weights: `ckpt` becomes a hard link of `last` (`repro.io.link_or_copy`) instead of
+        a second copy, 3.4 GB at 285M parameters. The best validation's own file differs from `last` only in
+        Lightning's loop counters (it was saved inside the validation); no optimiser step came after it."""
+        from repro.io import link_or_copy
+
         sel, rank0 = self._select, self.trainer.global_rank == 0
         save_checkpoint(self.trainer, last)
         action = None
         if rank0:
-            action = ("best" if sel.step is not None and sel.path.exists() else
+            action = ("same" if sel.step is not None and sel.step == self.trainer.global_step
+                      and sel.path.exists() else
+                      "best" if sel.step is not None and sel.path.exists() else
                       "kept" if sel.step is not None and ckpt.exists() else "final")
         if self.trainer.world_size > 1:
             action = self.trainer.strategy.broadcast(action)
         if action == "best" and rank0:
             os.replace(sel.path, ckpt)
+        elif action == "same" and rank0:
+            link_or_copy(last, ckpt)
+            sel.path.unlink()
         elif action == "final":  # no validation ran (or its checkpoint is gone): the final state is all there is
-            save_checkpoint(self.trainer, ckpt)
             if rank0:
+                link_or_copy(last, ckpt)
                 sel.path.unlink(missing_ok=True)  # a file left by an earlier, interrupted run is not this run's
                 why = "no validation ran" if sel.step is None else f"the checkpoint of step {sel.step} is gone"
                 print(f"repro: --run.select {sel.metric}:{sel.mode}: {why}, so {ckpt} holds the final weights "
