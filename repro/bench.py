@@ -20,7 +20,7 @@ always, whose rate depends on its cores, clock and instructions. float32 on a GP
 peak unless TF32 products are allowed (`torch.backends.cuda.matmul.allow_tf32`), then against TF32's.
 
 Options of the timed step: `compile` (`nn.Module.compile` of the model's compile units, as `repro fit
---run.compile true`: `SegmentLM.compile_model`), `attention` (the kernel of `repro.nn.attention`), and the
+--run.compile true`: `SegmentLM.compile_model`; a string is torch.compile's mode, e.g. `reduce-overhead`), `attention` (the kernel of `repro.nn.attention`), and the
 optimiser of the module's `configure_optimizers` (fused on a GPU). Warm-up steps are excluded (with `compile`,
 they include the compilation of each memory length's graph). `peak_memory_mb` is the CUDA allocator's peak on a GPU; on the CPU it is the
 process's peak resident memory (the model, the data and the Python runtime included). `forward_tensor_peak_mb`,
@@ -148,7 +148,7 @@ def environment(device: torch.device) -> dict:
 
 def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "32", steps: int = 10,
                  warmup: int = 3, batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
-                 attention_lengths: list[int] | None = None, segment: int = 32, compile: bool = False,
+                 attention_lengths: list[int] | None = None, segment: int = 32, compile: bool | str = False,
                  attention: str = "auto", mfu: bool = True, optimizer: str = "module", profile: int = 0) -> list[dict]:
     """The rows of `repro bench` for a built `SegmentLM` and its data module (`config`: the files they came from,
     recorded in every row; `repro.cli.bench.bench` builds them). `optimizer`: `module` (the module's own,
@@ -173,23 +173,33 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
                       mfu=mfu, optimizer=optimizer, profile=profile)
 
 
-def _profiled(step, batches, dev, top: int) -> list[dict]:
-    """The `top` operators by self device time over `batches` steps (per step, in ms)."""
+def _profiled(step, batches, dev, top: int) -> tuple[list[dict], float | None]:
+    """The `top` operators by self device time over `batches` steps (per step, in ms), and on a GPU the share of
+    the steps' wall time its kernels took (their summed durations: below 1 where the host launches too slowly to
+    keep it busy)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profiler(activities=acts) as prof:
+        _sync(dev)
+        t0 = time.perf_counter()
         for x, y in batches:
             step(x, y)
         _sync(dev)
+        wall = time.perf_counter() - t0
+    busy = None
+    if dev.type == "cuda":
+        kernels = sum(e.device_time for e in prof.events() if e.device_type == DeviceType.CUDA)  # µs
+        busy = round(kernels / 1e6 / wall, 3)
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
     return [{"name": e.key[:80], "ms_per_step": round(getattr(e, key) / 1e3 / len(batches), 3),
-             "calls_per_step": e.count // len(batches)} for e in events]
+             "calls_per_step": e.count // len(batches)} for e in events], busy
 
 
-def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, *, compile: bool,
+def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, *, compile: bool | str,
            mfu: bool, optimizer: str, profile: int = 0) -> list[dict]:
     model = module.model
     mode = base["mode"]
@@ -210,7 +220,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
     kv = (not train) and getattr(model, "supports_kv_memory", False)  # as `repro test` evaluates
     eager_forward = None
     if compile:
-        eager_forward = module.compile_model()
+        eager_forward = module.compile_model(mode=None if compile is True else compile)
     if train:
         module.train()
         opt = module.make_optimizer() if optimizer == "module" else torch.optim.Adam(
@@ -222,11 +232,19 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
             with torch.inference_mode(), _autocast(dev, precision):
                 _, mems = module(prime.view(b, -1).to(dev), None, MemorySettings(mem_len=lengths.mem_len),
                                  kv_memory=kv)
+    # CUDA graphs (compile mode reduce-overhead) overwrite a graph's outputs at its next replay: each step is marked
+    # as a new one, and the memory, which outlives the step, is copied out of the graphs' pool (its cost is timed)
+    graphs = compile == "reduce-overhead" and dev.type == "cuda"
+
     def step(x, y):
         nonlocal mems
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         if train:
             with _autocast(dev, precision):
                 hidden, mems = module(x, mems, lengths)
+                if graphs:
+                    mems = [m.clone() for m in mems]
                 loss = model.nll(hidden, y).mean()
                 aux = module.extra_loss()
                 if aux:
@@ -238,6 +256,8 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         else:
             with torch.inference_mode(), _autocast(dev, precision):
                 hidden, mems = module(x, mems, lengths, kv_memory=kv)
+                if graphs:
+                    mems = [m.clone() for m in mems]
                 model.nll(hidden, y)
 
     flops = None
@@ -247,7 +267,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
             from repro.memtrack import TensorPeak
 
             if profile:  # the same steps (the memory carried on), compiled if timed so
-                profiled = _profiled(step, [(x, y)] * 3, dev, profile)
+                profiled, busy = _profiled(step, [(x, y)] * 3, dev, profile)
             if eager_forward is not None:  # count and track the model's own operators, not the compiled graph's
                 module.compile_model(undo=eager_forward)
             if mfu:  # one more step at full memory (its update is discarded with the model after the bench)
@@ -271,7 +291,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         "threads": torch.get_num_threads(),
     }
     if profile:
-        row["profile"] = profiled
+        row |= {"profile": profiled, "device_busy": busy}
     if flops is not None:
         peak, source = peak_tflops(dev, precision)
         row |= {"gflop_per_step": round(flops / 1e9, 3), "tflop_per_s": round(flops / med / 1e12, 3),

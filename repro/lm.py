@@ -183,20 +183,23 @@ class SegmentLM(L.LightningModule):
                                 weight_decay=self.optim.weight_decay, **({"fused": True} if fused else
                                                                          {"foreach": True}))
 
-    def compile_model(self, *, undo: list[torch.nn.Module] | None = None) -> list[torch.nn.Module]:
+    def compile_model(self, *, mode: str | None = None,
+                      undo: list[torch.nn.Module] | None = None) -> list[torch.nn.Module]:
         """Compile the model for this process (`repro fit --run.compile true`, `repro bench --compile`):
         `nn.Module.compile` of each of the model's `compile_units()` (Transformer-XL and the models built on it:
         its decoder layers, one graph shared by the layers of one shape) or of the whole model, with static shapes
-        (one graph per memory length: a training memory has two, the empty first one and the full one). The state
-        dict, checkpoints and numbers are the eager model's (to rounding; tests/test_compile.py). Returns the
-        units compiled; `undo=` those units turns them back to eager."""
+        (one graph per memory length: a training memory has two, the empty first one and the full one). `mode`:
+        torch.compile's (None: the default; `reduce-overhead`: each graph replayed as a CUDA graph on a GPU, for
+        models whose step is bound by kernel launches). The state dict, checkpoints and numbers are the eager
+        model's (to rounding; tests/test_compile.py). Returns the units compiled; `undo=` those units turns them
+        back to eager."""
         if undo is not None:
             for unit in undo:
                 unit._compiled_call_impl = None  # what nn.Module.compile sets; None is the eager call
             return undo
         units = list(self.model.compile_units()) if hasattr(self.model, "compile_units") else [self.model]
         for unit in units:
-            unit.compile(dynamic=False)
+            unit.compile(dynamic=False, mode=mode)
         return units
 
     def configure_optimizers(self):

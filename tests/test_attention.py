@@ -67,7 +67,8 @@ def test_rel_shift_gradient_equals_the_padded_shift(t, k):
     upstream = torch.randn(2, 3, t, k)
     grads = []
     for shift in (rel_shift, padded_rel_shift):
-        raw = torch.randn(2, 3, k, t, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        g = torch.Generator(torch.get_default_device()).manual_seed(0)  # the test device's (REPRO_TEST_DEVICE)
+        raw = torch.randn(2, 3, k, t, generator=g).requires_grad_()
         out = shift(raw.transpose(-1, -2) * 2.0).masked_fill(mask, 0.0)
         (out * upstream).sum().backward()
         grads.append((out.detach(), raw.grad))
@@ -229,7 +230,7 @@ def test_blocked_masked_softmax_is_bit_identical(monkeypatch, dtype, bias, block
     from repro.nn import blocked
 
     monkeypatch.setattr(blocked, "BLOCK", block)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     # 108: where torch's own bf16 softmax would round differently from the float32 one converted (the tiny
     # compressive Transformer's key length). Rows on one thread: at widths that are not a multiple of the vector
     # width PyTorch's float32 softmax backward can differ in the last bit with the split of rows among threads.
@@ -304,7 +305,7 @@ def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block, shape
         block = 7 * shape[1]  # seven rows a block, not one
     monkeypatch.setattr(blocked, "BLOCK", block)
     n, v = shape
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     x0 = (torch.randn(n, v, generator=g) * 3).to(dtype)
     y = torch.randint(0, v, (n,), generator=g)
     up = torch.rand(n, generator=g)
@@ -319,7 +320,7 @@ def test_blocked_cross_entropy_is_bit_identical(monkeypatch, dtype, block, shape
 
 
 def _scores_with_masked_keys(dtype, *, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     scores = (torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64) * 6).to(dtype)
     masked = torch.rand(5, 7, generator=g) < 0.4
     masked[:, 2] = False  # every row keeps a key

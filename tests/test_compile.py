@@ -33,21 +33,33 @@ def _module(name: str):
     return module, cli.datamodule
 
 
-def _train(module, batches, lengths: MemorySettings):
-    """Loss and gradients of each segment, the memory carried (detached) between segments."""
+def _train(module, batches, lengths: MemorySettings, *, graphs: bool = False):
+    """Loss and gradients of each segment, the memory carried (detached) between segments; with `graphs` (CUDA
+    graphs) each segment marked as a new step and the memory copied out of the graphs' pool, as `repro bench`
+    does."""
     out, mems = [], None
     module.train()
     for x, y in batches:
         module.zero_grad(set_to_none=True)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         hidden, mems = module(x, mems, lengths)
+        if graphs:
+            mems = [m.clone() for m in mems]
         loss = module.model.nll(hidden, y).mean()
         loss.backward()
         out.append((loss.detach(), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}))
     return out
 
 
+# CUDA graphs (torch.compile's mode reduce-overhead) exist on a GPU only: that mode is collected under
+# REPRO_TEST_DEVICE=cuda (on a CPU it is the default mode again)
+MODES = [None] + (["reduce-overhead"] if torch.get_default_device().type == "cuda" else [])
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_compiled_model_trains_as_the_eager_one(name):
+def test_compiled_model_trains_as_the_eager_one(name, mode):
     torch.manual_seed(0)
     module, dm = _module(name)
     device = torch.get_default_device()
@@ -57,10 +69,10 @@ def test_compiled_model_trains_as_the_eager_one(name):
     batches = [(stream[:, i * t : (i + 1) * t], stream[:, i * t + 1 : (i + 1) * t + 1]) for i in range(3)]
     compiled = copy.deepcopy(module)
     keys = list(compiled.state_dict())
-    units = compiled.compile_model()
+    units = compiled.compile_model(mode=mode)
     assert units and list(compiled.state_dict()) == keys
     eager_runs = _train(module, batches, module.memory)
-    compiled_runs = _train(compiled, batches, module.memory)
+    compiled_runs = _train(compiled, batches, module.memory, graphs=mode == "reduce-overhead")
     for (loss_e, grads_e), (loss_c, grads_c) in zip(eager_runs, compiled_runs):
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
         assert grads_c.keys() == grads_e.keys()
@@ -69,3 +81,31 @@ def test_compiled_model_trains_as_the_eager_one(name):
             torch.testing.assert_close(grads_c[key] / scale, g / scale, rtol=1e-5, atol=1e-5, msg=key)
     compiled.compile_model(undo=units)
     assert all(unit._compiled_call_impl is None for unit in units)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_model_evaluates_as_the_eager_one(mode):
+    """Transformer-XL's evaluation (the key/value memory, no gradients) over three segments: the same NLL."""
+    torch.manual_seed(0)
+    module, dm = _module("transformer_xl")
+    device = torch.get_default_device()
+    module.to(device).eval()
+    b, t = 2, dm.eval_tgt_len
+    stream = torch.randint(0, module.n_token, (b, 3 * t + 1), device=device)
+    compiled = copy.deepcopy(module)
+    compiled.compile_model(mode=mode)
+    graphs = mode == "reduce-overhead"
+    nll = {}
+    for name, m in (("eager", module), ("compiled", compiled)):
+        mems, out = None, []
+        with torch.inference_mode():
+            for i in range(3):
+                if graphs and name == "compiled":
+                    torch.compiler.cudagraph_mark_step_begin()
+                x, y = stream[:, i * t : (i + 1) * t], stream[:, i * t + 1 : (i + 1) * t + 1]
+                hidden, mems = m(x, mems, module.eval_memory, kv_memory=True)
+                if graphs and name == "compiled":
+                    mems = [k.clone() for k in mems]
+                out.append(m.model.nll(hidden, y).clone())
+        nll[name] = torch.stack(out)
+    torch.testing.assert_close(nll["compiled"], nll["eager"], rtol=1e-5, atol=1e-5)

@@ -55,17 +55,18 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
 
 
 def parse_variant(spec: str) -> dict:
-    """`repro bench --variants`: a variant is an attention kernel with optional `+compile` and `+foreach` (the
-    optimiser's multi-tensor form instead of the module's), e.g. `eager+foreach`, `sdpa+compile`."""
+    """`repro bench --variants`: a variant is an attention kernel with optional `+compile` or `+cudagraphs` (compiled
+    with mode reduce-overhead: CUDA graphs on a GPU) and `+foreach` (the optimiser's multi-tensor form instead of
+    the module's), e.g. `eager+foreach`, `sdpa+compile`."""
     from repro.nn.attention import KERNELS
 
     kernel, *flags = spec.split("+")
-    unknown = [f for f in flags if f not in ("compile", "foreach")]
-    if kernel not in KERNELS or unknown:
+    unknown = [f for f in flags if f not in ("compile", "cudagraphs", "foreach")]
+    if kernel not in KERNELS or unknown or {"compile", "cudagraphs"} <= set(flags):
         raise ValueError(f"variant {spec!r}: an attention kernel ({', '.join(KERNELS)}) and optionally "
-                         "+compile, +foreach")
-    return {"attention": kernel, "compile": "compile" in flags,
-            "optimizer": "foreach" if "foreach" in flags else "module"}
+                         "+compile or +cudagraphs, +foreach")
+    compiled = "reduce-overhead" if "cudagraphs" in flags else "compile" in flags
+    return {"attention": kernel, "compile": compiled, "optimizer": "foreach" if "foreach" in flags else "module"}
 
 
 def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
@@ -90,6 +91,8 @@ def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
             rows.append(row | {"variant": spec, "round": r, "relative": round(row["tokens_per_s"] / first, 3)})
             print(f"round {r}: {spec} {mode} {row['tokens_per_s']:,.0f} tokens/s ({rows[-1]['relative']:.2f}× the "
                   f"first){_mfu(row)}, peak {row['peak_memory_mb']:,.0f} MB", flush=True)
+            if row.get("device_busy") is not None:
+                print(f"  GPU busy {row['device_busy']:.0%} of the profiled steps' wall time", flush=True)
             for op in row.get("profile", []):
                 print(f"  {op['ms_per_step']:9.3f} ms/step {op['calls_per_step']:5d}× {op['name']}", flush=True)
     return rows
