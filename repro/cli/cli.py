@@ -473,7 +473,18 @@ class ReproCLI(LightningCLI):
     def after_test(self):
         self._record("test")
 
+    def _peaks(self) -> list[float]:
+        """Every rank's peak RSS in MiB (`repro.rss`), gathered: the ranks of a DDP run on one machine share its
+        memory, and rank 0's own figure would hide the others'. Collective: called on every rank."""
+        from repro.rss import peak_rss_mb
+
+        if self.trainer.world_size <= 1:
+            return [peak_rss_mb()]
+        mine = torch.tensor([peak_rss_mb()], dtype=torch.float64, device=self.trainer.strategy.root_device)
+        return [float(x) for x in self.trainer.strategy.all_gather(mine).flatten()]
+
     def _record(self, stage: str) -> None:
+        peaks = self._peaks()
         if self.trainer.global_rank != 0:
             return
         run = self._run_cfg()
@@ -498,6 +509,10 @@ class ReproCLI(LightningCLI):
                 "corpus_meta": getattr(getattr(self.datamodule, "corpus", None), "meta", None),
                 "parameters": sum(p.numel() for p in self.model.parameters()),
                 "wall_seconds": round(time.time() - self._t0, 1),
+                # the process's peak resident memory so far, MiB (under `repro runs`, earlier runs of the process
+                # included), and each rank's under DDP (`repro.rss`)
+                "peak_rss_mb": round(peaks[0]),
+                **({"peak_rss_mb_ranks": [round(x) for x in peaks]} if len(peaks) > 1 else {}),
                 "torch": torch.__version__,
             },
         }

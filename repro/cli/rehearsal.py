@@ -8,7 +8,8 @@ measured: `configs/rehearsal/` caps each experiment at 2 training batches and a 
 batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA seed lists.
 
 It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
-and `mlflow.db` of the real profiles are never touched. Its records carry `rehearsal: true` and its tables label
+and `mlflow.db` of the real profiles are never touched. Its summary (`<workdir>/summary.json`) lists each stage's
+seconds, exit code and peak RSS (the largest process of the stage, `repro.rss`; each rank's for the DDP fits). Its records carry `rehearsal: true` and its tables label
 those cells "rehearsal", never as results.
 
     repro rehearse                      # every stage of the four papers
@@ -125,20 +126,45 @@ def _stages(ws: Path, env: dict) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> dict:
+def stage_command(name: str, single: bool) -> list[str]:
+    """The command that runs one stage of the plan in the workspace (`-s`: that stage alone, not its upstream)."""
+    return ["dvc", "repro", *(["-s"] if single else []), name]
+
+
+def run_stages(plan: list[tuple[str, bool]], ws: Path, env: dict, *, keep_going: bool) -> list[dict]:
+    """Run the plan's stages in order; one summary entry per stage: its seconds, exit code and peak RSS (MiB, the
+    largest process of the stage: `repro.rss.run_measured`). Stops after a failed stage unless `keep_going`."""
+    from repro.rss import run_measured
+
+    summary = []
+    for name, single in plan:
+        print(f"rehearse: {name}", flush=True)
+        done = run_measured(stage_command(name, single), cwd=ws, env=env)
+        summary.append({"stage": name, "seconds": round(done.seconds), "exit": done.returncode,
+                        "peak_rss_mb": round(done.peak_rss_mb)})
+        print(f"rehearse: {name} {'done' if not done.returncode else 'FAILED'} in {done.seconds:.0f} s, "
+              f"peak RSS {done.peak_rss_mb / 1024:.1f} GB", flush=True)
+        if done.returncode and not keep_going:
+            break
+    return summary
+
+
+def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[dict, float]:
     """A paper-size experiment of the rehearsal in 2 processes (DDP over gloo on the CPU, as on a GPU node: each rank
-    holds its shard of the memory streams); returns its fit record."""
+    holds its shard of the memory streams); returns its fit record and the command's peak RSS (MiB)."""
+    from repro.rss import run_measured
+
     cfg = Path("configs") / paper / "paper" / f"{config}.yaml"
     record = out / f"{paper}.{config}.ddp.fit.json"
     cmd = ["repro", "fit", "-c", str(cfg), *config_overrides(cfg), "--trainer.accelerator", "cpu",
            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--run.tracking", "none",
            "--run.record", str(record)]
-    done = subprocess.run(cmd, cwd=ws, env={**env, "OMP_NUM_THREADS": "1"})
+    done = run_measured(cmd, cwd=ws, env={**env, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise RuntimeError(f"exit {done.returncode}")
     import json
 
-    return json.loads(record.read_text())
+    return json.loads(record.read_text()), done.peak_rss_mb
 
 
 def rehearse(argv: list[str]) -> None:
@@ -185,7 +211,6 @@ def rehearse(argv: list[str]) -> None:
         params = yaml.safe_load((ws / "params.yaml").read_text())
         params["jobs"] = args.jobs
         (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, width=120))
-    summary: list[dict] = []
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
         env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
@@ -201,28 +226,24 @@ def rehearse(argv: list[str]) -> None:
             names = _stages(ws, env)
             chosen = [n for n in names if not args.stages or any(fnmatch.fnmatch(n, g) for g in args.stages)]
             plan = [(n, False) for n in chosen]
-        for name, single in plan:
-            print(f"rehearse: {name}", flush=True)
-            t = time.time()
-            cmd = ["dvc", "repro", *(["-s"] if single else []), name]
-            done = subprocess.run(cmd, cwd=ws, env=env)
-            summary.append({"stage": name, "seconds": round(time.time() - t), "exit": done.returncode})
-            print(f"rehearse: {name} {'done' if not done.returncode else 'FAILED'} in {time.time() - t:.0f} s",
-                  flush=True)
-            if done.returncode and not args.keep_going:
-                break
+        summary = run_stages(plan, ws, env, keep_going=args.keep_going)
         if args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages):
             (work / "ddp").mkdir(exist_ok=True)
             for paper, config in DDP_RUNS:
                 print(f"rehearse: DDP, 2 processes: {paper}/{config}", flush=True)
                 t = time.time()
+                peaks: dict = {}
                 try:
-                    rec = ddp_fit(ws, env, paper, config, work / "ddp")
+                    rec, peak = ddp_fit(ws, env, paper, config, work / "ddp")
                     ok = rec["provenance"]["devices"] == 2
+                    # the launcher's own figure misses a rank it did not wait for; the record has every rank's
+                    ranks = rec["provenance"].get("peak_rss_mb_ranks") or []
+                    peaks = {"peak_rss_mb": round(max([peak, *ranks])), "peak_rss_mb_ranks": ranks}
                 except (RuntimeError, OSError, KeyError, ValueError) as err:
                     print(f"rehearse: DDP {paper}/{config}: {err}", flush=True)
                     ok = False
-                summary.append({"stage": f"ddp:{paper}/{config}", "seconds": round(time.time() - t), "exit": 0 if ok else 1})
+                summary.append({"stage": f"ddp:{paper}/{config}", "seconds": round(time.time() - t),
+                                "exit": 0 if ok else 1, **peaks})
                 if not ok and not args.keep_going:
                     break
     from repro.io import atomic_write_json
