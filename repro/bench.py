@@ -218,6 +218,9 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
     times = []
     mems = None
     kv = (not train) and getattr(model, "supports_kv_memory", False)  # as `repro test` evaluates
+    # CUDA graphs (compile mode reduce-overhead) overwrite a graph's outputs at its next replay: each step is marked
+    # as a new one, and the memory, which outlives the step, is copied out of the graphs' pool (its cost is timed)
+    graphs = compile == "reduce-overhead" and dev.type == "cuda"
     eager_forward = None
     if compile:
         eager_forward = module.compile_model(mode=None if compile is True else compile)
@@ -232,9 +235,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
             with torch.inference_mode(), _autocast(dev, precision):
                 _, mems = module(prime.view(b, -1).to(dev), None, MemorySettings(mem_len=lengths.mem_len),
                                  kv_memory=kv)
-    # CUDA graphs (compile mode reduce-overhead) overwrite a graph's outputs at its next replay: each step is marked
-    # as a new one, and the memory, which outlives the step, is copied out of the graphs' pool (its cost is timed)
-    graphs = compile == "reduce-overhead" and dev.type == "cuda"
+                mems = [m.clone() for m in mems]  # see `graphs` below
 
     def step(x, y):
         nonlocal mems

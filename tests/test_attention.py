@@ -262,7 +262,13 @@ def test_blocked_masked_softmax_is_bit_identical(monkeypatch, dtype, bias, block
 @pytest.mark.parametrize("precision", ["32", "bf16"])
 def test_relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision):
     """The whole attention (outputs and every gradient), in float32 and under bf16 autocast, is the same with the
-    blocked softmax as with the whole-tensor lines it replaces (dropatt 0, the configs' setting)."""
+    blocked softmax as with the whole-tensor lines it replaces (dropatt 0, the configs' setting). On the CPU, the
+    blocked softmax's device, whatever the test device."""
+    with torch.device("cpu"), attention_kernel("eager"):
+        _relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision)
+
+
+def _relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision):
     from repro.nn import blocked
 
     torch.manual_seed(0)
