@@ -129,6 +129,7 @@ class SegmentLM(L.LightningModule):
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.int64), persistent=True)
         self.register_buffer("train_batches", torch.zeros((), dtype=torch.int64), persistent=True)
         self.vocab_digest: str | None = None
+        self._graphs: dict[torch.nn.Module, Any] | None = None  # units compiled for CUDA graphs (compile_model)
 
     def build_model(self) -> torch.nn.Module:
         raise NotImplementedError
@@ -158,7 +159,10 @@ class SegmentLM(L.LightningModule):
                           same_length=lengths.same_length, **extra)
 
     def training_step(self, batch, batch_idx):
-        hidden, self._mems["train"] = self(batch.input, self._mems["train"], self.memory)
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        hidden, mems = self(batch.input, self._mems["train"], self.memory)
+        self._mems["train"] = self._persist(mems)
         nll = self.model.nll(hidden, batch.target)
         loss = nll.mean()
         aux = self.extra_loss()
@@ -196,11 +200,24 @@ class SegmentLM(L.LightningModule):
         if undo is not None:
             for unit in undo:
                 unit._compiled_call_impl = None  # what nn.Module.compile sets; None is the eager call
+            self._graphs = None
             return undo
         units = list(self.model.compile_units()) if hasattr(self.model, "compile_units") else [self.model]
         for unit in units:
             unit.compile(dynamic=False, mode=mode)
+        # CUDA graphs: the training steps replay them; evaluation runs eager (a 12-layer evaluation under them read
+        # an output that a later replay of the same graph had overwritten, on an H200), see `_eval_start`
+        self._graphs = {unit: unit._compiled_call_impl for unit in units} if mode == "reduce-overhead" else None
         return units
+
+    def _graphs_on(self, on: bool) -> None:
+        for unit, compiled in (self._graphs or {}).items():
+            unit._compiled_call_impl = compiled if on else None
+
+    def _persist(self, mems):
+        """The memory out of the CUDA graphs' pool (it outlives the step, and a graph's next replay overwrites its
+        outputs); unchanged without CUDA graphs."""
+        return [m.clone() for m in mems] if self._graphs and mems is not None else mems
 
     def configure_optimizers(self):
         opt = self.make_optimizer()
@@ -212,6 +229,7 @@ class SegmentLM(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------- evaluation
     def _eval_start(self, split: str) -> None:
+        self._graphs_on(False)
         self._mems[split] = None
         self._history[split] = None
         self.nll_metrics[split].reset()
@@ -235,6 +253,7 @@ class SegmentLM(L.LightningModule):
         self.log(f"{prefix}/bpc", (loss / math.log(2)).float(), sync_dist=False)
         self.log(f"{prefix}/tokens", result["tokens"].float(), sync_dist=False)
         self._mems[split] = None
+        self._graphs_on(True)
 
     def on_validation_epoch_start(self):
         self._eval_start("valid")

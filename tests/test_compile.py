@@ -109,3 +109,27 @@ def test_compiled_model_evaluates_as_the_eager_one(mode):
                 out.append(m.model.nll(hidden, y).clone())
         nll[name] = torch.stack(out)
     torch.testing.assert_close(nll["compiled"], nll["eager"], rtol=1e-5, atol=1e-5)
+
+
+def test_run_compile_and_attention_options_reach_the_model(monkeypatch):
+    """`--run.compile` compiles the module's units before the run starts, `cudagraphs` in torch.compile's
+    reduce-overhead mode; `--run.attention` sets the attention kernel; both are off (eager, auto) by default."""
+    from repro.cli.cli import ReproCLI
+    from repro.nn import attention
+
+    seen = {}
+
+    def record(self, sub):  # what the run would start with, after the checks and set-up of `before_fit`
+        self.before_fit()
+        seen[tuple(self.config_init[sub]["run"].get(k) for k in ("compile", "attention"))] = (
+            [layer._compiled_call_impl is not None for layer in self.model.model.layers],
+            self.model._graphs is not None, attention._kernel)
+
+    monkeypatch.setattr(ReproCLI, "_run_subcommand", record)
+    monkeypatch.setattr(attention, "_kernel", "auto")
+    base = ["fit", "-c", CONFIGS["transformer_xl"][0], "--run.tracking", "none", "--model.init_args.model.n_layer", "2"]
+    for extra in ([], ["--run.compile", "true", "--run.attention", "sdpa"], ["--run.compile", "cudagraphs"]):
+        ReproCLI(args=base + extra)
+    assert seen[(False, "auto")] == ([False, False], False, "auto")
+    assert seen[(True, "sdpa")] == ([True, True], False, "sdpa")
+    assert seen[("cudagraphs", "auto")] == ([True, True], True, "auto")

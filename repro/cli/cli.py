@@ -182,6 +182,12 @@ class ReproCLI(LightningCLI):
                             help="check this command line without running it: parse it, build the model (on the meta "
                                  "device: no memory, no initialisation), the data module and the Trainer, print one "
                                  "line saying what would run, and stop (no data, no checkpoint, no MLflow run)")
+        parser.add_argument("--run.compile", type=bool | Literal["cudagraphs"], default=False,
+                            help="compile the model's layers (SegmentLM.compile_model): true: torch.compile's default "
+                                 "mode; cudagraphs: its reduce-overhead mode, training steps replayed as CUDA graphs "
+                                 "(on a GPU; evaluation runs eager). Same numbers to rounding (tests/test_compile.py)")
+        parser.add_argument("--run.attention", type=Literal["auto", "eager", "sdpa"], default="auto",
+                            help="attention kernel (repro.nn.attention): auto = sdpa (fused) on a GPU, eager on a CPU")
         parser.add_argument("--run.untrained", type=bool, default=False,
                             help="validate|test: allow a run without --ckpt_path (scores freshly initialised weights)")
         parser.link_arguments("data.vocab_size", "model.init_args.n_token", apply_on="instantiate")
@@ -394,6 +400,11 @@ class ReproCLI(LightningCLI):
                 print(f"repro: resuming from {last}", flush=True)
         ckpt = cfg.get("ckpt_path")
         self._check_untrained(sub)
+        from repro.nn.attention import set_attention_kernel
+
+        set_attention_kernel(run.get("attention") or "auto")
+        if run.get("compile"):
+            self.model.compile_model(mode="reduce-overhead" if run["compile"] == "cudagraphs" else None)
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
         if self.trainer.local_rank == 0:
             # data, downloads and tokenizers now, so that a missing one stops the command before its MLflow run
