@@ -28,7 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-REHEARSAL_CONFIGS = Path("configs") / "rehearsal"
+# the configs that turn a paper experiment into its rehearsal; `repro runs --rehearsal true` composes them too, and
+# they live below both commands (`repro.cli.runs` imports them, and this module imports `repro.cli.runs`)
+from repro.cli.rehearsal_configs import REHEARSAL_CONFIGS, config_overrides, data_overrides  # noqa: F401
 
 # One experiment per paper at its full size, from download to table (`--subset ci`): the stages in order. The
 # tables stages run with `-s` (single item): their inputs are the runs above, not every group of the paper.
@@ -43,33 +45,6 @@ CI_SUBSET = [
 # Each paper's main model, fitted by 2 DDP processes in the full rehearsal (`--ddp`).
 DDP_RUNS = [("transformer_xl", "wt103_base"), ("lamemo", "enwik8_lamemo"), ("infinity_former", "sort_4000_infty"),
             ("mgk", "wt103_mgk4")]
-
-
-def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
-    """`-c` arguments that turn a paper experiment into its rehearsal: the trainer caps, then the file named after
-    the config's data module (`configs/rehearsal/<DataModule>.yaml`), when there is one."""
-    import yaml
-
-    config = Path(config)
-    cfg = yaml.safe_load(config.read_text()) or {}
-    data_cls = str(((cfg.get("data") or {}).get("class_path") or "")).rsplit(".", 1)[-1]
-    out = ["-c", str(root / REHEARSAL_CONFIGS / "trainer.yaml")]
-    per_data = root / REHEARSAL_CONFIGS / f"{data_cls}.yaml"
-    if data_cls and per_data.exists():
-        out += ["-c", str(per_data)]
-    # a sliding-window evaluation (every token scored from the window that ends at it) costs one forward pass of
-    # the window per token: one evaluation batch exercises it (MGK's paper model spent 5 minutes on three)
-    evals = [cfg, *(yaml.safe_load(p.read_text()) or {} for p in [config.with_suffix(".eval.yaml")] if p.exists())]
-    if any(((c.get("model") or {}).get("init_args") or {}).get("eval_protocol", {}).get("kind") == "sliding"
-           for c in evals):
-        out += ["-c", str(root / REHEARSAL_CONFIGS / "sliding.yaml")]
-    return out
-
-
-def data_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
-    """Config paths (no `-c`) of the data module's rehearsal file, for commands that build data alone."""
-    args = config_overrides(config, root=root)
-    return [a for a in args[1::2] if not a.endswith("trainer.yaml")]
 
 
 def merged_params(root: Path) -> dict:
@@ -124,6 +99,92 @@ def _stages(ws: Path, env: dict) -> list[str]:
     out = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=ws, env=env, check=True, capture_output=True,
                          text=True).stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def runs_stages(root: Path, params: dict) -> dict[str, list[str]]:
+    """Every stage of `dvc.yaml` whose command is `repro runs`, by DVC's name for it (`txl_run@lm`), with that
+    command's arguments after `repro runs`, each `${…}` filled from `params` as DVC fills it (`foreach` over a
+    dictionary: `${key}`, `${item}`; booleans as `true`/`false`)."""
+    import re
+    import shlex
+
+    import yaml
+
+    def value(path: str):
+        node = params
+        for part in path.split("."):
+            node = node[part]
+        return node
+
+    def text(v) -> str:
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    def fill(cmd: str, local: dict) -> str:
+        return re.sub(r"\$\{([\w.]+)\}", lambda m: text(local[m[1]] if m[1] in local else value(m[1])), cmd)
+
+    out = {}
+    for name, stage in (yaml.safe_load((root / "dvc.yaml").read_text())["stages"] or {}).items():
+        if "foreach" in stage:
+            items = value(re.fullmatch(r"\$\{([\w.]+)\}", stage["foreach"])[1])
+            pairs = items.items() if isinstance(items, dict) else enumerate(items)
+            commands = {f"{name}@{key}": fill(stage["do"]["cmd"], {"key": key, "item": item}) for key, item in pairs}
+        else:
+            commands = {name: fill(stage["cmd"], {})}
+        for stage_name, cmd in commands.items():
+            args = shlex.split(cmd)
+            if args[:2] == ["repro", "runs"]:
+                out[stage_name] = args[2:]
+    return out
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder`, each inode once (DVC's cache and a shared .last.ckpt are hard links)."""
+    seen: dict[tuple[int, int], int] = {}
+    for dirpath, _, files in os.walk(folder):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
+def check_disk(root: Path, work: Path, names: list[str] | None, *, ddp: bool) -> int:
+    """Refuse in one line, before the rehearsal creates anything, when the disk of `work` cannot hold what it
+    keeps: the checkpoints of every `repro runs` stage of the plan (`names`; None: all) and of the DDP fits, at the
+    models' sizes (`repro.cli.disk`; sized in a child process, this one stays without torch for the hours the
+    stages run), and the workspace's copy of the repository. A workspace left by an earlier rehearsal is deleted
+    first, so its bytes count as free. Returns the need in bytes."""
+    from dataclasses import replace
+
+    from repro.cli.disk import check, fits_in_child
+    from repro.cli.runs import runs_parser, runs_steps
+
+    params = merged_params(root)
+    groups, jobs = [], 1  # the fit command lines of each stage (its fits run side by side), then each DDP fit
+    for name, argv in runs_stages(root, params).items():
+        if names is not None and name not in names:
+            continue
+        a = runs_parser().parse_args(argv)
+        jobs = max(jobs, min(a.jobs, len(a.specs)))
+        groups.append([step for step, _ in runs_steps(a.paper, a.profile, a.group, a.specs, tests=a.tests,
+                                                      rehearsal=True, configs_root=str(root / "configs"))])
+    if ddp:
+        for paper, config in DDP_RUNS:
+            cfg = root / "configs" / paper / "paper" / f"{config}.yaml"
+            groups.append([["fit", "-c", str(cfg), *config_overrides(cfg, root=root)]])
+    ws = work / "repo"
+
+    def in_workspace(path: str) -> str:
+        p = Path(path)
+        return str(ws / (p.relative_to(root) if p.is_absolute() else p))
+
+    fits = [[replace(f, checkpoint=in_workspace(f.checkpoint)) for f in group]
+            for group in fits_in_child(groups, cwd=root)]
+    copy = sum((root / rel).stat().st_size for rel in _repo_files(root)
+               if (root / rel).is_file() and not rel.startswith(".rehearsal/"))
+    return check(f"repro rehearse ({sum(map(len, fits))} fits)", fits, jobs=jobs, extra=copy,
+                 extra_what=f"{copy / 1e9:.1f} GB for the workspace's copy of the repository (the mirror and the "
+                            "data come on top)",
+                 reclaimed=_tree_bytes(ws) if ws.exists() else 0, where=work)
 
 
 def stage_command(name: str, single: bool) -> list[str]:
@@ -191,6 +252,12 @@ def rehearse(argv: list[str]) -> None:
     work = (root / args.workdir).resolve()
     ws = work / "repo"
     t0 = time.time()
+    ddp = args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages)
+    chosen = CI_SUBSET if args.subset == "ci" and not args.stages else None
+    if args.stages:  # the stages DVC will list that match (their upstream stages are left to `repro runs`' own check)
+        chosen = [n for n in runs_stages(root, merged_params(root)) if any(fnmatch.fnmatch(n, g) for g in args.stages)]
+    need = check_disk(root, work, chosen, ddp=ddp)
+    print(f"rehearse: the checkpoints and the workspace need {need / 1e9:.1f} GB of disk", flush=True)
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
     from transformers.utils import logging as hf_logging
 
@@ -227,7 +294,7 @@ def rehearse(argv: list[str]) -> None:
             chosen = [n for n in names if not args.stages or any(fnmatch.fnmatch(n, g) for g in args.stages)]
             plan = [(n, False) for n in chosen]
         summary = run_stages(plan, ws, env, keep_going=args.keep_going)
-        if args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages):
+        if ddp:
             (work / "ddp").mkdir(exist_ok=True)
             for paper, config in DDP_RUNS:
                 print(f"rehearse: DDP, 2 processes: {paper}/{config}", flush=True)

@@ -37,8 +37,9 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
                ) -> list[tuple[list[str], tuple[str, str, str] | None]]:
     """The steps of `repro runs` (see `run_group`): per spec, a fit step and its test steps; the last step of each
     spec carries the after-run arguments (config, checkpoint, experiment). `rehearsal` composes the rehearsal
-    configs (`repro.cli.rehearsal.config_overrides`: 2 training batches, a few evaluation batches) after each step's own."""
-    from repro.cli.rehearsal import config_overrides
+    configs (`repro.cli.rehearsal_configs.config_overrides`: 2 training batches, a few evaluation batches) after each
+    step's own."""
+    from repro.cli.rehearsal_configs import config_overrides
 
     base = Path(configs_root) / paper / profile
     ckpt_dir, rec_dir, curve_dir = group_dirs(paper, profile, group)
@@ -71,15 +72,9 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
     return out
 
 
-def run_group(argv: list[str]) -> None:
-    """`repro runs --paper P --profile PROFILE --group G SPEC ...`: the fit and test of every experiment of a group
-    in one process per worker (the start-up, ~8 s of imports and tracking set-up, is paid once per worker; each run
-    keeps its own seed, Trainer, MLflow run and record). Files: `checkpoints/P/PROFILE/G/EXP.ckpt`,
-    `results/P/runs/PROFILE/G/EXP.{fit,test}.json`, `results/P/curves/PROFILE/G/EXP.csv` — the DVC stage of a group
-    owns these three folders. `--tests` lists the test runs after each fit: `eval` (the config plus its
-    `.eval.yaml` when there is one, the default), `train` (the training config alone), each with an optional
-    `:SUFFIX` added to the experiment name. `--after MODULE` calls `MODULE.after_run(config, checkpoint,
-    experiment, record_dir)` after each experiment's tests (e.g. an analysis of the trained checkpoint)."""
+def runs_parser():
+    """The arguments of `repro runs` (`run_group`); `repro rehearse` reads the pipeline's `repro runs` commands with
+    it to size their disk need."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="repro runs", description=run_group.__doc__)
@@ -95,22 +90,48 @@ def run_group(argv: list[str]) -> None:
                          "on a few CPU cores train faster side by side than one after the other")
     ap.add_argument("--threads", type=int, help="torch threads per worker (default: the cores divided by --jobs)")
     ap.add_argument("--queue", help=argparse.SUPPRESS)  # a worker: take the specs one by one from this file
+    # a worker: first check the disk for the whole group (its SPECs) shared by this many workers (`check_disk`)
+    ap.add_argument("--check-jobs", type=int, help=argparse.SUPPRESS)
     ap.add_argument("specs", nargs="*", metavar="SPEC", help="CONFIG[+VARIANT][@SEED]")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def run_group(argv: list[str]) -> None:
+    """`repro runs --paper P --profile PROFILE --group G SPEC ...`: the fit and test of every experiment of a group
+    in one process per worker (the start-up, ~8 s of imports and tracking set-up, is paid once per worker; each run
+    keeps its own seed, Trainer, MLflow run and record). Files: `checkpoints/P/PROFILE/G/EXP.ckpt`,
+    `results/P/runs/PROFILE/G/EXP.{fit,test}.json`, `results/P/curves/PROFILE/G/EXP.csv` — the DVC stage of a group
+    owns these three folders. `--tests` lists the test runs after each fit: `eval` (the config plus its
+    `.eval.yaml` when there is one, the default), `train` (the training config alone), each with an optional
+    `:SUFFIX` added to the experiment name. `--after MODULE` calls `MODULE.after_run(config, checkpoint,
+    experiment, record_dir)` after each experiment's tests (e.g. an analysis of the trained checkpoint)."""
+    args = runs_parser().parse_args(argv)
     if args.queue:
         _work_queue(args)
         return
     if not args.specs:
-        ap.error("give at least one SPEC")
-    runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests,
-               rehearsal=args.rehearsal == "true")  # checks every spec, fails fast
+        runs_parser().error("give at least one SPEC")
+    steps = runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests,
+                       rehearsal=args.rehearsal == "true")  # checks every spec, fails fast
     if args.jobs < 1:
         raise ValueError(f"--jobs must be ≥ 1, got {args.jobs}")
     jobs = min(args.jobs, len(args.specs))
     if jobs > 1:
-        _run_workers(args, jobs)
+        _run_workers(args, jobs)  # each worker checks the disk first
         return
+    check_disk(args, [step for step, _ in steps], jobs)
     _run_specs(args, args.specs)
+
+
+def check_disk(args, steps: list[list[str]], jobs: int) -> None:
+    """Refuse in one line, before anything is written, when the disk cannot hold the group's checkpoints
+    (`repro.cli.disk`). With workers, each worker checks before it takes an experiment (`_work_queue`): the parent,
+    which only shares out the experiments, imports no torch, and sizing the models there cost 9 s per stage of
+    the tiny profile (a fresh interpreter) against 1-2 s in workers that import the papers' code anyway."""
+    from repro.cli.disk import check, fits_of
+
+    check(f"repro runs --paper {args.paper} --profile {args.profile} --group {args.group}", fits_of(steps),
+          jobs=jobs)
 
 
 def _run_specs(args, specs: list[str]) -> None:
@@ -162,6 +183,14 @@ def _next_spec(queue: Path) -> str | None:
 
 
 def _work_queue(args) -> None:
+    if args.check_jobs:
+        steps = runs_steps(args.paper, args.profile, args.group, args.specs, tests=args.tests,
+                           rehearsal=args.rehearsal == "true")
+        try:
+            check_disk(args, [step for step, _ in steps], args.check_jobs)
+        except ValueError as err:  # the parent says it, once (`_run_workers`)
+            Path(args.queue).with_name("refused").write_text(str(err))
+            raise SystemExit(3) from None
     while (spec := _next_spec(Path(args.queue))) is not None:  # each experiment prints its own summary line
         _run_specs(args, [spec])
 
@@ -197,7 +226,7 @@ def _run_workers(args, jobs: int) -> None:
     procs = []
     for k in range(jobs):
         cmd = [sys.executable, "-m", "repro", "runs", *fixed, "--jobs", "1", "--threads", str(threads),
-               "--queue", str(queue)]
+               "--queue", str(queue), "--check-jobs", str(jobs), *args.specs]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
 
     def pump(k: int, stream) -> None:
@@ -219,7 +248,11 @@ def _run_workers(args, jobs: int) -> None:
                          "checkpoints") from None
     for t in pumps:
         t.join()
+    refused = queue.with_name("refused")
+    refusal = refused.read_text() if refused.exists() else None
     tmp.cleanup()
+    if refusal is not None:  # a worker found too little disk before it wrote anything (`check_disk`)
+        raise ValueError(refusal)
     failed = [k for k, c in enumerate(codes) if c]
     if failed:
         raise SystemExit(f"repro runs: worker(s) {failed} failed (exit codes {[codes[k] for k in failed]}); "
