@@ -52,6 +52,28 @@ def test_the_check_sees_every_form_of_importing_papers():
         assert any(n == "papers" or n.startswith("papers.") for n in names), text
 
 
+def _string_imports(text: str, filename: str = "<probe>") -> list[tuple[str, int]]:
+    """Strings and f-strings that name a module of papers/ (`"papers.mgk.tables"`, `f"papers.{paper}.tables"`):
+    what importlib would import, which the import statements above do not show."""
+    out = []
+    for node in ast.walk(ast.parse(text, filename=filename)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("papers."):
+            out.append((node.value, node.lineno))
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+                and str(node.values[0].value).startswith("papers."):
+            out.append((f"f-string {node.values[0].value}…", node.lineno))
+    return out
+
+
+def test_no_module_under_repro_names_a_paper_module_in_a_string():
+    """A paper reaches the shared layer through entry points (repro.cli.registry), not importlib and a name."""
+    offenders = [f"{p.relative_to(ROOT)}:{line} names {name}" for p in sorted(REPRO.rglob("*.py"))
+                 for name, line in _string_imports(p.read_text(), str(p))]
+    assert not offenders, "the shared layer must not name a paper's module:\n" + "\n".join(offenders)
+    probes = ['importlib.import_module(f"papers.{paper}.tables")\n', 'x = "papers.mgk.tables"\n']
+    assert all(_string_imports(t) for t in probes)  # the check sees both forms
+
+
 def test_library_modules_do_not_import_the_command_layer():
     offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted(REPRO.rglob("*.py"))
                  if "cli" not in p.relative_to(REPRO).parts[:1] and p.name != "__main__.py"

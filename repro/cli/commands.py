@@ -12,6 +12,8 @@ import importlib
 import json
 import sys
 
+from repro.cli.registry import paper_tables, table_papers
+
 
 def describe_configs(paths: list[str]) -> list[dict]:
     from repro.cli.cli import build
@@ -31,9 +33,8 @@ def describe_configs(paths: list[str]) -> list[dict]:
             if hasattr(dm, key):
                 row[key.replace("corpus_name", "corpus")] = getattr(dm, key)
         try:
-            tables = importlib.import_module(f"papers.{row['paper']}.tables")
-            paper_params = getattr(tables, "PAPER_PARAMS", {}).get(row["experiment"])
-        except (ImportError, TypeError):
+            paper_params = getattr(paper_tables(row["paper"]), "PAPER_PARAMS", {}).get(row["experiment"])
+        except ValueError:  # a config of no paper with tables
             paper_params = None
         row["paper_parameters"] = paper_params
         if paper_params:
@@ -121,11 +122,7 @@ def _tables(args) -> None:
 
     from repro import tables as T
 
-    try:
-        mod = importlib.import_module(f"papers.{args.paper}.tables")
-    except ImportError as err:
-        raise SystemExit(f"no tables for paper {args.paper!r} ({err}); papers: transformer_xl, infinity_former, "
-                         "lamemo, mgk")
+    mod = paper_tables(args.paper)
     results = T.Results(args.paper)
     tables = mod.build(results)
     paths = T.write(args.paper, tables)
@@ -135,7 +132,6 @@ def _tables(args) -> None:
         T.log_to_mlflow(args.paper, tables, paths, results)
 
 
-PAPERS = ("transformer_xl", "infinity_former", "lamemo", "mgk")
 
 USAGE = """one command line for every paper (README.md, "The command line"):
 
@@ -223,7 +219,7 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     p.set_defaults(func=_prepare)
 
     t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
-    t.add_argument("paper", choices=PAPERS, help=f"one of {', '.join(PAPERS)}")
+    t.add_argument("paper", choices=table_papers(), help=f"one of {', '.join(table_papers())}")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
 

@@ -1,4 +1,4 @@
-"""The commands each paper adds to `repro`: one registry, filled from the `repro.commands` entry points.
+"""What each paper adds to `repro`: its commands and its tables, one registry filled from two entry-point groups.
 
 A paper lists its commands in `papers/<paper>/commands.py` as `COMMANDS = {name: (run, help)}` — `run` takes the
 command's arguments (`argv` after the name) and `help` is one line for `repro --help` — and pyproject.toml names
@@ -7,6 +7,10 @@ that dict under `[project.entry-points."repro.commands"]`, one entry per paper (
 `repro/` imports `papers` (the shared layer depends on no paper; tests/test_layout.py checks it). The names come
 from the installed package's metadata; a checkout whose install predates an entry (an editable install not rerun
 after pulling, or a stale `*.egg-info` at the root that shadows it) reads them from its own pyproject.toml.
+
+A paper's tables (`papers/<paper>/tables.py`: `build(results) -> list[Table]`, and optionally `PAPER_PARAMS`, the
+published parameter counts) are named the same way under `[project.entry-points."repro.tables"]`: `repro tables
+PAPER` and `repro describe` find them here, never through a module name built from a string.
 """
 
 from __future__ import annotations
@@ -15,15 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 GROUP = "repro.commands"
+TABLES = "repro.tables"
 
 Command = tuple[Callable[[list[str]], None], str]
 
 
-def _declared() -> list[tuple[str, str]]:
+def _declared(group: str = GROUP) -> list[tuple[str, str]]:
     """(paper, "module:attribute") of every entry of the group, in the order declared."""
     from importlib.metadata import entry_points
 
-    found = [(ep.name, ep.value) for ep in entry_points(group=GROUP)]
+    found = [(ep.name, ep.value) for ep in entry_points(group=group)]
     if found:
         return found
     import tomllib
@@ -32,7 +37,7 @@ def _declared() -> list[tuple[str, str]]:
     if not pyproject.is_file():
         return []
     project = tomllib.loads(pyproject.read_text()).get("project", {})
-    return list(project.get("entry-points", {}).get(GROUP, {}).items())
+    return list(project.get("entry-points", {}).get(group, {}).items())
 
 
 def paper_commands() -> dict[str, dict[str, Command]]:
@@ -51,3 +56,19 @@ def paper_commands() -> dict[str, dict[str, Command]]:
             owner[name] = paper
         out[paper] = dict(commands)
     return out
+
+
+def table_papers() -> list[str]:
+    """The papers that declare tables, in the order pyproject declares them."""
+    return [paper for paper, _ in _declared(TABLES)]
+
+
+def paper_tables(paper: str):
+    """The tables module of `paper` (its `build`, and `PAPER_PARAMS` where it has one); a paper without tables is
+    an error that names those with tables."""
+    import importlib
+
+    targets = dict(_declared(TABLES))
+    if paper not in targets:
+        raise ValueError(f"no tables for paper {paper!r}: papers with tables are {', '.join(targets) or 'none'}")
+    return importlib.import_module(targets[paper].partition(":")[0])
