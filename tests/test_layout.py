@@ -74,6 +74,42 @@ def test_no_module_under_repro_names_a_paper_module_in_a_string():
     assert all(_string_imports(t) for t in probes)  # the check sees both forms
 
 
+def _cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """One import circle of `graph` (module → modules it imports), or None."""
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        seen[m] = 1
+        for n in graph[m]:
+            if seen.get(n) == 1:
+                return [*path, m, n]
+            if n not in seen and (found := visit(n, [*path, m])):
+                return found
+        seen[m] = 2
+        return None
+
+    for m in graph:
+        if m not in seen and (found := visit(m, [])):
+            return found
+    return None
+
+
+def test_no_import_circle_in_the_shared_layer():
+    """Every import of every module under repro/, those inside functions too (a circle hidden in a function fails
+    only when that function runs first in a process)."""
+    modules = {_module_name(p): p for p in sorted(REPRO.rglob("*.py"))}
+
+    def module_of(name: str) -> str | None:  # the longest prefix that is one of our modules
+        parts = name.split(".")
+        return next((m for i in range(len(parts), 0, -1) if (m := ".".join(parts[:i])) in modules), None)
+
+    graph = {m: sorted({t for n, _ in _imports(p) if (t := module_of(n)) not in (None, m, "repro")})
+             for m, p in modules.items()}
+    found = _cycle(graph)
+    assert found is None, "import circle: " + " -> ".join(found)
+    assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]  # the search finds one
+
+
 def test_library_modules_do_not_import_the_command_layer():
     offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted(REPRO.rglob("*.py"))
                  if "cli" not in p.relative_to(REPRO).parts[:1] and p.name != "__main__.py"

@@ -20,15 +20,12 @@ import numpy as np
 import torch
 
 from repro.data import embedded
+from repro.data.root import data_dir
 from repro.data.vocab import Vocab, char_vocab, encode_chars, encode_words, word_vocab
 from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
 SPLITS = ("train", "valid", "test")
 FORMAT_VERSION = 1
-
-
-def data_dir(override: str | os.PathLike | None = None) -> Path:
-    return Path(override or os.environ.get("REPRO_DATA") or "data")
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from repro.data.corpora import data_dir
+from repro.data.root import data_dir
 from repro.data.download import ChecksumError, download, sha256_file
 from repro.io import atomic_write_json, atomic_write_text, load_tensors, save_tensors
 

@@ -143,7 +143,7 @@ def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     import shutil
     import zipfile
 
-    from repro.data.corpora import data_dir
+    from repro.data.root import data_dir
     from repro.data.download import download
 
     from repro.io import file_lock

@@ -101,7 +101,7 @@ def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Pat
     import hashlib
     import shutil
 
-    from repro.data.corpora import data_dir
+    from repro.data.root import data_dir
     from repro.io import atomic_write_json, file_lock
 
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]

@@ -118,7 +118,7 @@ def encode_documents(docs: list[str], tok, line_breaks: str = "keep") -> list[in
 def build_stream(source: str, spec: TokenizerSpec, data_root: str | os.PathLike | None = None, *,
                  pg19_train_books: int = 2000, line_breaks: str = "keep") -> tuple[dict[str, torch.Tensor], dict]:
     """Token streams of the three splits (int32) and their provenance, cached."""
-    from repro.data.corpora import data_dir
+    from repro.data.root import data_dir
     from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
     if source not in SOURCES:
