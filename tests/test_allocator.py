@@ -1,4 +1,4 @@
-"""`repro.allocator`: with the policy applied, a large tensor comes from the heap and stays there when freed, for
+"""`repro.ops.allocator`: with the policy applied, a large tensor comes from the heap and stays there when freed, for
 the next step to reuse (glibc's own statistics say so); REPRO_MALLOC=system leaves glibc's default (a fresh mmap,
 given back). Each case in a fresh process (Linux with glibc, as CI)."""
 
@@ -7,7 +7,7 @@ import sys
 
 CHECK = """
 import ctypes, torch
-from repro.allocator import keep_freed_memory, _glibc
+from repro.ops.allocator import keep_freed_memory, _glibc
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",

@@ -38,7 +38,7 @@ def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, tmp_pa
 
 def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
     """`interleaved_processes` (`bench-txl-authors`): every code is timed in every round, each in its own spawned
-    process, and `repro.allocator`'s policy is in force in exactly the processes asked for (both codes are ours
+    process, and `repro.ops.allocator`'s policy is in force in exactly the processes asked for (both codes are ours
     here, so that no checkout is needed)."""
     from papers.transformer_xl.bench_authors import interleaved_processes
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from repro.data import download as dl, sources
-from repro.data.download import (
+from repro.data import sources
+from repro.ops import download as dl
+from repro.ops.download import (
     ALGORITHMS,
     ArchiveError,
     ChecksumError,

@@ -2,7 +2,7 @@
 
 import torch
 
-from repro.memtrack import TensorPeak
+from repro.ops.memtrack import TensorPeak
 
 MB = 1000 * 1000 * 4  # bytes of a 1000 × 1000 float32 tensor
 

@@ -1,4 +1,4 @@
-"""The rehearsal mirror (`repro.data.mirror`): every paper source's real data-preparation code run end to end
+"""The rehearsal mirror (`repro.ops.mirror`): every paper source's real data-preparation code run end to end
 against the miniature archives served on 127.0.0.1, and the parsed streams checked against what the archives hold.
 
 The expected values are computed here independently of the code under test: from the mirror's manifest (counts
@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repro.data import corpora, download as dl
-from repro.data.mirror import GPT2_VOCAB, REAL_VOCAB, build_mirror, environment, serve
+from repro.data import corpora
+from repro.ops import download as dl
+from repro.ops.mirror import GPT2_VOCAB, REAL_VOCAB, build_mirror, environment, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,7 +191,7 @@ def test_hub_sources(mirror, tmp_path):
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
-    from repro.data.mirror import GPT2_SHAPES
+    from repro.ops.mirror import GPT2_SHAPES
 
     root, server, info = mirror
     env = os.environ | environment(server.url, tmp_path / "client") | {"REPRO_DATA": str(tmp_path / "data")}

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from repro.rss import peak_rss_mb, run_measured
+from repro.ops.rss import peak_rss_mb, run_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs/transformer_xl/tiny/enwik8_12l.yaml")

@@ -503,7 +503,7 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
 def main(argv: list[str]) -> None:
     import argparse  # noqa: PLC0415
 
-    from repro.allocator import keep_freed_memory  # noqa: PLC0415
+    from repro.ops.allocator import keep_freed_memory  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="repro bench-infinity-former-authors", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", type=Path, required=True, help="a checkout of deep-spin/infinite-former")

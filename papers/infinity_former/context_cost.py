@@ -11,7 +11,7 @@ For each context length C (tokens already seen):
   so time and memory per segment stay flat.
 Each point is the median over `repeats` segments, evaluation mode, no gradient. `memory_state_mb` is the size of
 the carried memory; `peak_mb` the peak of the tensors one segment's forward pass creates (attention scores,
-activations; `repro.memtrack.TensorPeak`, on any device, on one extra untimed segment). Measured, never asserted
+activations; `repro.ops.memtrack.TensorPeak`, on any device, on one extra untimed segment). Measured, never asserted
 in tests.
 """
 
@@ -46,9 +46,9 @@ def _time_segment(model, x, mems, mem_len, dev):
 
 
 def _segment_peak_mb(model, x, mems, mem_len) -> float:
-    """Peak of the tensors one segment's forward pass creates (`repro.memtrack.TensorPeak`), on an untimed pass
+    """Peak of the tensors one segment's forward pass creates (`repro.ops.memtrack.TensorPeak`), on an untimed pass
     whose new memory is discarded."""
-    from repro.memtrack import TensorPeak
+    from repro.ops.memtrack import TensorPeak
 
     with TensorPeak() as tracker:
         model(x, mems, mem_len=mem_len)

@@ -168,7 +168,7 @@ def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
              "an STM of fixed length and a continuous LTM of N basis functions that the whole context was folded "
              "into, so its time and memory per segment stay flat. memory state = the carried memory's size; peak = "
              "the peak of the tensors one segment's forward pass creates (attention scores and activations, counted "
-             "by `repro.memtrack.TensorPeak` on any device)."]
+             "by `repro.ops.memtrack.TensorPeak` on any device)."]
     return Table("context_cost", "Cost per segment vs context length", ["model", "profile", "context (tokens)",
                  "ms / segment", "memory state (MB)", "peak (MB)"], rows, notes), rows_in
 

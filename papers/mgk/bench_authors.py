@@ -172,7 +172,7 @@ def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: i
 def main(argv: list[str]) -> None:
     import argparse  # noqa: PLC0415
 
-    from repro.allocator import keep_freed_memory  # noqa: PLC0415
+    from repro.ops.allocator import keep_freed_memory  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="repro bench-mgk-authors", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkout", type=Path, required=True, help="a checkout of minhtannguyen/transformer-mgk")

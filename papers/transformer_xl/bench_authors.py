@@ -1,6 +1,6 @@
 """Transformer-XL's speed side by side with the authors' code: `repro bench-txl-authors --checkout PATH`.
 
-Follows `repro.bench` (training = forward, backward, clipping at 0.25 and an Adam step per segment, carrying the
+Follows `repro.ops.bench` (training = forward, backward, clipping at 0.25 and an Adam step per segment, carrying the
 memory; evaluation = forward passes without gradients carrying the evaluation memory), applied to two models of the
 same shape: ours (`papers.transformer_xl.model.TransformerXL`) and the official `MemTransformerLM`
 (kimiyoung/transformer-xl `pytorch/mem_transformer.py`) imported from a checkout and run unmodified, with the
@@ -9,7 +9,7 @@ masks as booleans). Differs from `repro bench` in what it is for: the two codes 
 theirs, ours, … for `--rounds` rounds) with the same thread count, the same token stream and the same precision,
 so that a machine's drift hits both; the ratio of each round is reported, and the range over rounds. Each code
 lives in its own process, so that each runs with the C allocator's policy it is run with: ours with
-`repro.allocator`'s (as the `repro` command sets it), theirs with the C library's default (as their `train.py`
+`repro.ops.allocator`'s (as the `repro` command sets it), theirs with the C library's default (as their `train.py`
 runs), or with ours too (`--same-allocator`). `interleaved` is the one-process form (`bench-lamemo-authors`).
 
 The row also says where each code's time goes against the machine: the floating-point operations of the matrix
@@ -118,7 +118,7 @@ class _Ours:
 
 
 def _sync(device: torch.device) -> None:
-    """`repro.bench`'s clock barrier, repeated here: importing `repro.bench` brings Lightning into each timed
+    """`repro.ops.bench`'s clock barrier, repeated here: importing `repro.ops.bench` brings Lightning into each timed
     process, and with it a torch warning ("triton not found; flop counting …") on the terminal."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -230,10 +230,10 @@ def _build(which: str, checkout: Path, s: dict, mode: str):
 def _serve(conn, which: str, checkout: Path | None, s: dict, mode: str, precision: str, steps: int, warmup: int,
            threads: int, keep_freed: bool, device: str = "cpu") -> None:
     """One code in its own process: built once, then timed whenever the parent asks (None ends it). Its first
-    message is (parameter count, whether `repro.allocator`'s policy is in force)."""
+    message is (parameter count, whether `repro.ops.allocator`'s policy is in force)."""
     applied = False
     if keep_freed:
-        from repro.allocator import keep_freed_memory  # noqa: PLC0415
+        from repro.ops.allocator import keep_freed_memory  # noqa: PLC0415
 
         applied = keep_freed_memory()
     from repro.precision import emulate_bf16_matmul  # noqa: PLC0415
@@ -254,7 +254,7 @@ def interleaved_processes(codes: dict[str, tuple[str, bool]], checkout: Path | N
                           precision: str, rounds: int, steps: int, warmup: int, threads: int,
                           device: str = "cpu") -> tuple[dict, dict, dict, dict]:
     """Tokens/s of every code in every round, taking turns, each in its own (spawned) process. `codes`: name →
-    (`"theirs"` or `"ours"`, whether the process keeps freed memory as `repro` does, `repro.allocator`). Returns
+    (`"theirs"` or `"ours"`, whether the process keeps freed memory as `repro` does, `repro.ops.allocator`). Returns
     (speeds, parameter counts, whether each process had the allocator policy in force, product FLOPs per step)."""
     import multiprocessing as mp  # noqa: PLC0415
 
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both codes on it")
     p.add_argument("--batch", type=int, help="sequences per step instead of the shape's (e.g. a GPU's batch)")
     p.add_argument("--same-allocator", action="store_true",
-                   help="run theirs with our allocator policy too (repro.allocator); default: the C library's")
+                   help="run theirs with our allocator policy too (repro.ops.allocator); default: the C library's")
     p.add_argument("--output", type=Path, help="append the row (one JSON line) to this file")
     a = p.parse_args(argv)
     check_device(p.prog, a.device)

@@ -2,7 +2,7 @@
 several models side by side (`--compare`), or one model under several variants side by side (`--variants`: the
 attention kernel, compilation, the optimiser's form).
 
-The measurement is library code in `repro.bench` (`bench_module`, on a built module and data module); this
+The measurement is library code in `repro.ops.bench` (`bench_module`, on a built module and data module); this
 module builds them from the config files (`repro.cli.cli.build`), applies the rehearsal's settings, and writes
 one JSON line per row.
 """
@@ -19,7 +19,7 @@ def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 1
           attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None,
           compile: bool = False, attention: str = "auto") -> list[dict]:
     """The rows of `repro bench` for config files merged in order (then `overrides`, CLI arguments)."""
-    from repro.bench import bench_module
+    from repro.ops.bench import bench_module
     from repro.cli.cli import build
 
     if precision not in ("32", "bf16"):
@@ -37,7 +37,7 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
     that a machine's drift hits every model alike (a shared CPU varies by 2× over minutes; timed one after another
     in separate processes the models' ratio moved as much). Each row has its `round` and its speed relative to the
     first model's in the same round (`relative`)."""
-    from repro.bench import bench_module
+    from repro.ops.bench import bench_module
     from repro.cli.cli import build
 
     if mode == "slowdown":
@@ -74,7 +74,7 @@ def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
     """`repro bench --variants`: one model, timed under each variant in turns over `rounds` rounds (as
     `--compare` does for models), each row with its `variant`, `round` and speed relative to the first variant's
     in the same round. A compiled variant's graphs are built in its first round's warm-up and reused after."""
-    from repro.bench import bench_module
+    from repro.ops.bench import bench_module
     from repro.cli.cli import build
 
     if mode == "slowdown":

@@ -6,7 +6,7 @@
 
 `build` (a config's module and data module, untrained) and `load_module` (with a checkpoint's weights, for
 evaluation outside a Trainer) serve the other commands (`repro.cli.commands`, `repro.cli.bench`, …), which hand
-the objects to the library (`repro.bench`, `repro.context`, `repro.generate`); nothing below `repro.cli` imports
+the objects to the library (`repro.ops.bench`, `repro.context`, `repro.generate`); nothing below `repro.cli` imports
 this module.
 
 The Lightning CLI (jsonargparse): a config names its LightningModule and LightningDataModule by
@@ -485,9 +485,9 @@ class ReproCLI(LightningCLI):
         self._record("test")
 
     def _peaks(self) -> list[float]:
-        """Every rank's peak RSS in MiB (`repro.rss`), gathered: the ranks of a DDP run on one machine share its
+        """Every rank's peak RSS in MiB (`repro.ops.rss`), gathered: the ranks of a DDP run on one machine share its
         memory, and rank 0's own figure would hide the others'. Collective: called on every rank."""
-        from repro.rss import peak_rss_mb
+        from repro.ops.rss import peak_rss_mb
 
         if self.trainer.world_size <= 1:
             return [peak_rss_mb()]
@@ -521,7 +521,7 @@ class ReproCLI(LightningCLI):
                 "parameters": sum(p.numel() for p in self.model.parameters()),
                 "wall_seconds": round(time.time() - self._t0, 1),
                 # the process's peak resident memory so far, MiB (under `repro runs`, earlier runs of the process
-                # included), and each rank's under DDP (`repro.rss`)
+                # included), and each rank's under DDP (`repro.ops.rss`)
                 "peak_rss_mb": round(peaks[0]),
                 **({"peak_rss_mb_ranks": [round(x) for x in peaks]} if len(peaks) > 1 else {}),
                 "torch": torch.__version__,
@@ -772,7 +772,7 @@ def main(argv: list[str] | None = None) -> None:
     with one line that names the problem and the fix; REPRO_DEBUG=1 shows the traceback."""
     from argparse import ArgumentError
 
-    from repro.data.download import ArchiveError, ChecksumError, DownloadError
+    from repro.ops.download import ArchiveError, ChecksumError, DownloadError
 
     try:
         _main(argv)

@@ -1,7 +1,7 @@
 """The shared non-Lightning subcommands of `repro` (describe, prepare, tables, bench, recl, generate, mirror) and
 `repro --help`, which lists the shared commands, then each paper's own (`repro.cli.registry`) under its name.
 
-The commands' work is library code (`repro.bench`, `repro.context`, `repro.generate`, `repro.tables`) reached
+The commands' work is library code (`repro.ops.bench`, `repro.context`, `repro.generate`, `repro.tables`) reached
 through their command modules (`repro.cli.bench`, `repro.cli.context`, `repro.cli.generate`), imported only when
 the command runs: `repro --help` starts without torch or Lightning."""
 
@@ -253,7 +253,7 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     g.add_argument("--threads", type=int)
     g.add_argument("--output", help="also write the continuation here")
     g.set_defaults(func=lambda a: importlib.import_module("repro.cli.generate").main(a))
-    importlib.import_module("repro.data.mirror").add_parser(sub)  # the rehearsal's local mirror of every source
+    importlib.import_module("repro.ops.mirror").add_parser(sub)  # the rehearsal's local mirror of every source
     for cmds in papers.values():  # valid choices (listed in the epilog by paper), run by `repro.cli.entry`
         for name in cmds:
             sub.add_parser(name, add_help=False)

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     subcommands (`tables`, `describe`, `bench`, …) start without Lightning and import what they use. Errors the
     user can act on end with their message alone; REPRO_DEBUG=1 shows the traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
-    from repro.allocator import keep_freed_memory
+    from repro.ops.allocator import keep_freed_memory
 
     keep_freed_memory()  # freed tensors reused, not mmapped afresh each step (REPRO_MALLOC=system: glibc's default)
     if (args[0] if args else "") not in NO_TORCH and not _starts_workers(args):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         from repro.cli.commands import main as commands_main
         from repro.cli.registry import paper_commands
-        from repro.data.download import ArchiveError, ChecksumError, DownloadError
+        from repro.ops.download import ArchiveError, ChecksumError, DownloadError
 
         papers = paper_commands()
         routed = {name: run for cmds in papers.values() for name, (run, _) in cmds.items()}

@@ -2,14 +2,14 @@
 
 `repro rehearse` (issue 13) proves that `dvc repro` of the paper profile works before anyone spends GPU-days on it:
 the real download code fetches every source from a local mirror of miniature files in the real formats
-(`repro.data.mirror`, served on 127.0.0.1), the real data, training, evaluation, benchmark and table code runs
+(`repro.ops.mirror`, served on 127.0.0.1), the real data, training, evaluation, benchmark and table code runs
 every paper config at its paper size and with its protocol, and what shrinks is only how much is trained and
 measured: `configs/rehearsal/` caps each experiment at 2 training batches and a few evaluation batches (and shrinks
 batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA seed lists.
 
 It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
 and `mlflow.db` of the real profiles are never touched. Its summary (`<workdir>/summary.json`) lists each stage's
-seconds, exit code and peak RSS (the largest process of the stage, `repro.rss`; each rank's for the DDP fits). Its records carry `rehearsal: true` and its tables label
+seconds, exit code and peak RSS (the largest process of the stage, `repro.ops.rss`; each rank's for the DDP fits). Its records carry `rehearsal: true` and its tables label
 those cells "rehearsal", never as results.
 
     repro rehearse                      # every stage of the four papers
@@ -194,8 +194,8 @@ def stage_command(name: str, single: bool) -> list[str]:
 
 def run_stages(plan: list[tuple[str, bool]], ws: Path, env: dict, *, keep_going: bool) -> list[dict]:
     """Run the plan's stages in order; one summary entry per stage: its seconds, exit code and peak RSS (MiB, the
-    largest process of the stage: `repro.rss.run_measured`). Stops after a failed stage unless `keep_going`."""
-    from repro.rss import run_measured
+    largest process of the stage: `repro.ops.rss.run_measured`). Stops after a failed stage unless `keep_going`."""
+    from repro.ops.rss import run_measured
 
     summary = []
     for name, single in plan:
@@ -213,7 +213,7 @@ def run_stages(plan: list[tuple[str, bool]], ws: Path, env: dict, *, keep_going:
 def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[dict, float]:
     """A paper-size experiment of the rehearsal in 2 processes (DDP over gloo on the CPU, as on a GPU node: each rank
     holds its shard of the memory streams); returns its fit record and the command's peak RSS (MiB)."""
-    from repro.rss import run_measured
+    from repro.ops.rss import run_measured
 
     cfg = Path("configs") / paper / "paper" / f"{config}.yaml"
     record = out / f"{paper}.{config}.ddp.fit.json"
@@ -243,7 +243,7 @@ def rehearse(argv: list[str]) -> None:
 
     import json
 
-    from repro.data import mirror
+    from repro.ops import mirror
 
     root = Path.cwd()
     if not (root / "params.paper.yaml").exists() or not (root / "dvc.yaml").exists():

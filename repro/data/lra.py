@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.data.root import data_dir
-from repro.data.download import ChecksumError, download, sha256_file
+from repro.ops.download import ChecksumError, download, sha256_file
 from repro.io import atomic_write_json, atomic_write_text, load_tensors, save_tensors
 
 FORMAT_VERSION = 1
@@ -78,7 +78,7 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 # keras/src/datasets/cifar10.py (`file_hash`), the same in tensorflow/datasets url_checksums/cifar10.csv; MD5 in
 # pytorch/vision torchvision/datasets/cifar.py (`tgz_md5`). No checksum is published for lra_release.gz (the LRA
 # README gives only the URL): the first download records its sha256 beside the file (`<file>.sha256`) and later uses
-# are verified against it (trust on first use, see repro.data.download).
+# are verified against it (trust on first use, see repro.ops.download).
 IMDB_PUBLISHED = {"sha256": "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe", "size": 84_125_825}
 CIFAR10_PUBLISHED = {"sha256": "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
                      "md5": "c58f30108f718f92721af3b95e74349a"}

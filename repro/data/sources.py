@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from repro.data.download import (
+from repro.ops.download import (
     DownloadError,
     Published,
     download,
@@ -226,7 +226,7 @@ def _extract_tar(tar_path: Path, folder: Path, wanted) -> dict[str, Path]:
     call extracts nothing. Returns member name → path."""
     import tarfile
 
-    from repro.data.download import ArchiveError
+    from repro.ops.download import ArchiveError
 
     digest = read_sidecar(tar_path) or sha256_file(tar_path)
     source = f"{tar_path.name} sha256:{digest}"

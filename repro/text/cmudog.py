@@ -144,7 +144,7 @@ def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     import zipfile
 
     from repro.data.root import data_dir
-    from repro.data.download import download
+    from repro.ops.download import download
 
     from repro.io import file_lock
 

@@ -18,7 +18,7 @@ README.md ("Downloaded files and their checksums") lists which files have a publ
 When the network is unreachable the error says which URLs were tried, why each failed, and where to put the
 file by hand; a file placed there is used without any network access.
 
-A rehearsal mirror (`repro.data.mirror`, environment variable `REPRO_MIRROR`) changes only the base of every URL
+A rehearsal mirror (`repro.ops.mirror`, environment variable `REPRO_MIRROR`) changes only the base of every URL
 and the checksum verified: the mirror's published `SHA256SUMS` instead of the real checksums and size (its files
 are miniatures).
 
@@ -236,7 +236,7 @@ def _download(urls: list[str], dest: Path, *, published: dict[str, str], publish
     raise DownloadError(_offline_message(dest, errors, checks=checks, origin=origin, record=record))
 
 
-# A rehearsal mirror (`repro.data.mirror`): when set, every URL `scheme://host/path` is fetched from
+# A rehearsal mirror (`repro.ops.mirror`): when set, every URL `scheme://host/path` is fetched from
 # `<mirror>/host/path` instead, and verified against the checksum the mirror publishes in `<mirror>/SHA256SUMS`
 # (its files are miniatures, not the real ones). Unset, nothing changes: the real URLs and the real checksums.
 MIRROR_ENV = "REPRO_MIRROR"

@@ -26,7 +26,7 @@ they include the compilation of each memory length's graph). `peak_memory_mb` is
 process's peak resident memory (the model, the data and the Python runtime included). `forward_tensor_peak_mb`,
 on any device, is the peak of the tensors one forward pass creates (activations, attention scores; not the
 weights, the input or the carried memory that existed before it), measured without gradients on one extra
-untimed segment by `repro.memtrack.TensorPeak`. Tokens come from the config's corpus when it is built, otherwise they are drawn
+untimed segment by `repro.ops.memtrack.TensorPeak`. Tokens come from the config's corpus when it is built, otherwise they are drawn
 from a Zipf distribution over the vocabulary (the vocabularies are frequency-sorted, so this exercises the
 adaptive softmax clusters roughly as real text does); the output says which.
 """
@@ -265,7 +265,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
     for i in range(n_steps + 1):
         x, y = streams[:, i * t : (i + 1) * t], streams[:, i * t + 1 : (i + 1) * t + 1]
         if i == n_steps:  # one more forward pass, untimed, under the tensor tracker (it slows every operator)
-            from repro.memtrack import TensorPeak
+            from repro.ops.memtrack import TensorPeak
 
             if profile:  # the same steps (the memory carried on), compiled if timed so
                 profiled, busy = _profiled(step, [(x, y)] * 3, dev, profile)

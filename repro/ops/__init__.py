@@ -1,0 +1,12 @@
+"""Operations: what runs the research code and measures it, kept apart from it (the research core is the rest of
+`repro/`: data, tokenisation, attention, memory, training, metrics, tables).
+
+- `download`: checksummed, resumable, atomic downloads of the papers' sources; `mirror`: a loopback mirror of those
+  sources in their real formats, for the rehearsal and the download tests;
+- `bench`: speed, model-FLOPs utilisation and memory of a config's model (`repro bench`); `memtrack`: the peak of
+  the tensors a forward pass creates; `rss`: a process's peak resident memory;
+- `allocator`: the memory-allocator policy of `repro` processes.
+
+The command line (`repro.cli`) drives both; nothing in the research core imports this package except the data
+layer's `download`, through which every corpus arrives.
+"""
