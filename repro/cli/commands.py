@@ -122,6 +122,12 @@ def _tables(args) -> None:
 
     from repro import tables as T
 
+    if args.paper == "speed":  # the shared speed tables, from the benchmark records
+        from repro.ops import speed
+
+        paths = speed.write(speed.build())
+        print(f"repro tables speed: {len(paths)} files in results/speed", flush=True)
+        return
     mod = paper_tables(args.paper)
     results = T.Results(args.paper)
     tables = mod.build(results)
@@ -219,7 +225,8 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     p.set_defaults(func=_prepare)
 
     t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
-    t.add_argument("paper", choices=table_papers(), help=f"one of {', '.join(table_papers())}")
+    t.add_argument("paper", choices=[*table_papers(), "speed"],
+                   help=f"one of {', '.join(table_papers())}, or speed (results/speed/ from the benchmark records)")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
 
