@@ -28,7 +28,7 @@ import pytest
 from repro.cli.entry import main
 
 ROOT = Path(__file__).resolve().parent.parent
-READMES = [ROOT / "README.md", *sorted(ROOT.glob("papers/*/README.md"))]
+READMES = [ROOT / "README.md", *sorted(ROOT.glob("papers/*/README.md")), *sorted(ROOT.glob("docs/*.md"))]
 
 # placeholders of the MGK README's LRA commands: one task of the tiny profile stands for them all
 PLACEHOLDERS = {"<profile>": "tiny", "<task>": "listops"}
@@ -101,13 +101,16 @@ class _Parsed(Exception):
 
 def parse_only(args: list[str], monkeypatch) -> argparse.Namespace:
     """`repro ARGS` up to its argument parser: the namespace it parsed (the command itself does not run)."""
-    plain = argparse.ArgumentParser.parse_args
+    plain = {name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_intermixed_args")}
 
-    def parse_and_stop(self, *a, **kw):
-        raise _Parsed(plain(self, *a, **kw))
+    def stopping(name):
+        def parse_and_stop(self, *a, **kw):
+            raise _Parsed(plain[name](self, *a, **kw))
+        return parse_and_stop
 
     with monkeypatch.context() as m:
-        m.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+        for name in plain:  # `repro profile` parses intermixed (options before or after its stages)
+            m.setattr(argparse.ArgumentParser, name, stopping(name))
         with pytest.raises(_Parsed) as parsed:
             main(args)
     return parsed.value.namespace

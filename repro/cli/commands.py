@@ -128,6 +128,12 @@ def _tables(args) -> None:
         paths = speed.write(speed.build())
         print(f"repro tables speed: {len(paths)} files in results/speed", flush=True)
         return
+    if args.paper == "readme":  # the READMEs' generated blocks, from the tables and records
+        from repro.ops import docs
+
+        changed = docs.write()
+        print(f"repro tables readme: {len(changed)} of {len(docs.documents())} documents changed", flush=True)
+        return
     mod = paper_tables(args.paper)
     results = T.Results(args.paper)
     tables = mod.build(results)
@@ -225,8 +231,9 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     p.set_defaults(func=_prepare)
 
     t = sub.add_parser("tables", help="regenerate results/<paper>/*.md and .csv from the run records")
-    t.add_argument("paper", choices=[*table_papers(), "speed"],
-                   help=f"one of {', '.join(table_papers())}, or speed (results/speed/ from the benchmark records)")
+    t.add_argument("paper", choices=[*table_papers(), "speed", "readme"],
+                   help=f"one of {', '.join(table_papers())}; speed: results/speed/ from the benchmark records; "
+                        "readme: the READMEs' generated blocks from the tables and records")
     t.add_argument("--no-mlflow", action="store_true", help="do not attach the tables to the runs they cite")
     t.set_defaults(func=_tables)
 
