@@ -2,6 +2,7 @@
 the next step to reuse (glibc's own statistics say so); REPRO_MALLOC=system leaves glibc's default (a fresh mmap,
 given back). Each case in a fresh process (Linux with glibc, as CI)."""
 
+import pytest
 import subprocess
 import sys
 
@@ -36,6 +37,7 @@ def test_freed_large_tensors_stay_in_the_heap():
     assert (applied, mmapped, kept) == ("True", "False", "True")  # served from the heap, kept there when freed
 
 
+@pytest.mark.slow
 def test_repro_malloc_system_keeps_the_c_librarys_default():
     applied, mmapped, kept = _run({"REPRO_MALLOC": "system"})
     assert (applied, mmapped, kept) == ("False", "True", "False")  # a fresh mmap, given back on free

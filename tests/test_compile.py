@@ -57,6 +57,7 @@ def _train(module, batches, lengths: MemorySettings, *, graphs: bool = False):
 MODES = [None] + (["reduce-overhead"] if torch.get_default_device().type == "cuda" else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_compiled_model_trains_as_the_eager_one(name, mode):
@@ -83,6 +84,7 @@ def test_compiled_model_trains_as_the_eager_one(name, mode):
     assert all(unit._compiled_call_impl is None for unit in units)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_compiled_model_evaluates_as_the_eager_one(mode):
     """Transformer-XL's evaluation (the key/value memory, no gradients) over three segments: the same NLL."""

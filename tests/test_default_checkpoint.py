@@ -46,6 +46,7 @@ def test_the_path_follows_paper_profile_and_experiment(tmp_path):
     assert default_checkpoint({**run, "experiment": ""}, tmp_path) is None
 
 
+@pytest.mark.slow
 def test_select_without_checkpoint_writes_the_default_and_resumes_from_it(tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "4", "--run.select", "val/loss:max"], tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
@@ -66,6 +67,7 @@ def test_select_without_checkpoint_writes_the_default_and_resumes_from_it(tmp_pa
     assert last["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_resume_alone_takes_the_same_default(tmp_path):
     """`--run.resume true` without a checkpoint: the same path (nothing to resume yet, so a fresh fit that saves
     its final checkpoint there)."""
@@ -83,6 +85,7 @@ def test_a_run_without_a_name_is_refused_in_one_line(tmp_path):
     assert _files(tmp_path) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without torch.distributed")
 def test_ddp_ranks_agree_on_the_default(tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "4", "--trainer.accelerator", "cpu",

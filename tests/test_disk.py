@@ -30,6 +30,7 @@ def full_disk(monkeypatch):
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**8, 10**8))
 
 
+@pytest.mark.slow
 def test_checkpoint_bytes_match_a_real_checkpoint(tmp_path):
     """A tiny fit's checkpoint (weights, Adam's moments, memories, curves, provenance) against the estimate."""
     from repro.cli.cli import build
@@ -160,6 +161,7 @@ def test_the_parent_of_workers_says_a_refusal_once(tmp_path, monkeypatch, capsys
     assert "worker" not in errors
 
 
+@pytest.mark.slow
 def test_repro_rehearse_refuses_before_creating_anything(tmp_path, full_disk, monkeypatch, capsys):
     from repro.cli.rehearsal import rehearse
 

@@ -22,6 +22,7 @@ def _cli(args, cwd):
                            timeout=600)
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_finetune_and_evaluate_like_one(root, tmp_path):
     data = dialogue_tiny.generate_tiny_dog(tmp_path / "dog", n_docs=2, people=2, filler=2, questions=2,
                                conversations={"train": 4, "valid": 3, "test": 1}, seed=0)

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here runs `repro fit` in subprocesses and interrupts them
+
 TINY = "configs/transformer_xl/tiny/enwik8_12l.yaml"
 STEPS = 12
 SMALL = ["--model.init_args.model.n_layer", "2", "--model.init_args.model.d_model", "32",

@@ -357,6 +357,7 @@ def test_memory_states_and_normalisers_survive_checkpoint_and_resume(tmp_path):
 TINY = "configs/lamemo/tiny/char_lamemo.yaml"
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
     import os
     import subprocess
@@ -379,6 +380,7 @@ def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
     assert b["val/loss"] == pytest.approx(a["val/loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_ddp_fit_takes_steps_although_the_first_segment_leaves_the_refresh_unused(root, tmp_path):
     """The rehearsal's 2-process fit of the paper's enwik8 LaMemo stopped at step 1: with the memory still empty
     the look-ahead refresh uses none of its parameters, and plain DDP refuses a step that leaves parameters

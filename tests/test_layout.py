@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "repro"
 
@@ -117,6 +119,7 @@ def test_library_modules_do_not_import_the_command_layer():
     assert not offenders, "the library must be importable without the CLI:\n" + "\n".join(offenders)
 
 
+@pytest.mark.slow
 def test_no_import_circle_among_the_cli_modules():
     modules = {_module_name(p): p for p in sorted((REPRO / "cli").glob("*.py"))}
     graph = {m: sorted({n for n, _ in _imports(p) if n in modules and n != m}) for m, p in modules.items()}
@@ -161,6 +164,7 @@ def test_help_lists_the_commands_by_paper():
     assert lines[heading["transformer_xl"] + 1].split()[0] == "bench-txl-authors"
 
 
+@pytest.mark.slow
 def test_every_registered_command_runs_through_repro(tmp_path):
     from repro.cli.registry import paper_commands
 

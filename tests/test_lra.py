@@ -435,6 +435,7 @@ def test_tiny_lra_fit_through_the_cli(tmp_path, monkeypatch, root, capsys):
     assert " val acc " in line and " val loss " in line and "ppl" not in line and "bpc" not in line, line
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_evaluate_every_example_once(tmp_path, root):
     """Evaluation under DDP: the ranks share the examples without repeating any (501 do not split evenly) and the
     accuracy and loss are those of one process. (Before 2026-11-26 the sampler repeated an example to even the

@@ -90,6 +90,7 @@ def test_wikitext103(data, mirror):
     assert len(c.vocab) == REAL_VOCAB["wt103"] == 267_735  # paper-size models on the mirror
 
 
+@pytest.mark.slow
 def test_enwik8_and_text8(data, mirror):
     """enwik8 through the corpus build (10^8 bytes, as the real file: the split sizes are fixed); text8 through
     its download and split only (the same build code follows)."""
@@ -112,6 +113,7 @@ def test_enwik8_and_text8(data, mirror):
                      "test": raw[-5 * 10**6:].strip()}
 
 
+@pytest.mark.slow
 def test_one_billion_word(data, mirror):
     root, _, info = mirror
     c = corpora.load_corpus("lm1b")
@@ -184,6 +186,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_hub_sources(mirror, tmp_path):
     """PG-19 (`datasets`), WikiText-103 raw, the GPT-2 tokenizer and checkpoint (`tokenizers`, `transformers`)."""
     import pyarrow.parquet as pq

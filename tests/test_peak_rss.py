@@ -4,6 +4,7 @@ grandchildren included (a `dvc repro` stage runs `repro runs`, which runs worker
 
 The figures are checked against allocations of known size made by child processes: 300 MiB of touched bytes."""
 
+import pytest
 import json
 import os
 import subprocess
@@ -37,6 +38,7 @@ def test_this_process_peak():
     assert 0 < peak_rss_mb() < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
 
 
+@pytest.mark.slow
 def test_a_run_record_holds_the_peak(tmp_path):
     record = tmp_path / "fit.json"
     done = subprocess.run([sys.executable, "-m", "repro", "fit", "-c", TINY, *SMALL, "--run.record", str(record)],
@@ -47,6 +49,7 @@ def test_a_run_record_holds_the_peak(tmp_path):
     assert 100 < prov["peak_rss_mb"] < 4096 and "peak_rss_mb_ranks" not in prov
 
 
+@pytest.mark.slow
 def test_a_ddp_record_holds_every_rank_s_peak(tmp_path):
     record = tmp_path / "fit.json"
     done = subprocess.run([sys.executable, "-m", "repro", "fit", "-c", TINY, *SMALL, "--trainer.accelerator", "cpu",

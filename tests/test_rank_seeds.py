@@ -88,6 +88,7 @@ class Probe(Callback):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank_seeds", [True, False])
 def test_two_ddp_processes_draw_their_own_masks_only_with_rank_seeds(root, tmp_path, rank_seeds):
     """A 2-process DDP fit through `repro fit` (gloo on the CPU, the tiny LaMemo config): with the callback the

@@ -50,6 +50,7 @@ def _check_paper_cells(ws: Path, papers=PAPERS) -> None:
         assert "REHEARSAL of the paper profile" in tables
 
 
+@pytest.mark.slow
 def test_rehearsal_ci_subset():
     """One experiment of each paper at its paper size, from the mirror's download to the tables."""
     _rehearse("--subset", "ci")

@@ -77,6 +77,7 @@ def test_every_pipeline_spec_names_a_config_of_its_profile():
                 seen.add((paper, exp))
 
 
+@pytest.mark.slow
 def test_workers_share_a_group_and_each_run_equals_the_same_run_alone(tmp_path):
     cfg_dir = tmp_path / "configs" / "transformer_xl" / "tiny"
     cfg_dir.mkdir(parents=True)
@@ -132,6 +133,7 @@ def test_workers_share_a_group_and_each_run_equals_the_same_run_alone(tmp_path):
     assert json.loads(alone.read_text())["metrics"] == rec["x.seed5.fit.json"]["metrics"]
 
 
+@pytest.mark.slow
 def test_a_failing_worker_fails_the_group(tmp_path):
     cfg_dir = tmp_path / "configs" / "transformer_xl" / "tiny"
     cfg_dir.mkdir(parents=True)
@@ -160,6 +162,7 @@ else:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sorting", "corpus"])
 def test_two_processes_build_one_data_set_at_once(tmp_path, kind):
     """The workers of a group (or two `repro fit` of one task) may build one data set together: they take turns

@@ -6,6 +6,7 @@ replace the file with its own empty temporary file).
 Selecting the *highest* validation loss makes the choice fall on the first validation, far from the final step, so
 that a selection that silently kept the final weights fails."""
 
+import pytest
 import csv
 import json
 import os
@@ -37,6 +38,7 @@ def _valid_losses(csv_path):
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["split"] == "valid"}
 
 
+@pytest.mark.slow
 def test_the_best_validation_is_tested_and_the_final_state_kept(root, tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "6", "--run.select", "val/loss:max",
                 "--run.checkpoint", str(tmp_path / "a.ckpt"), "--run.curves", str(tmp_path / "a.csv"),
@@ -69,6 +71,7 @@ def test_the_best_validation_is_tested_and_the_final_state_kept(root, tmp_path):
     assert _ckpt(tmp_path / "a.ckpt")["global_step"] == 2 and _ckpt(tmp_path / "a.last.ckpt")["global_step"] == 8
 
 
+@pytest.mark.slow
 def test_min_selects_the_lowest_validation(root, tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "4", "--run.select", "val/loss:min",
                 "--run.checkpoint", str(tmp_path / "a.ckpt"), "--run.curves", str(tmp_path / "a.csv")], root)
@@ -77,6 +80,7 @@ def test_min_selects_the_lowest_validation(root, tmp_path):
     assert _ckpt(tmp_path / "a.ckpt")["global_step"] == min(losses, key=losses.get)
 
 
+@pytest.mark.slow
 def test_ddp_fit_writes_whole_checkpoints(root, tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "4", "--trainer.accelerator", "cpu",
                 "--trainer.devices", "2", "--trainer.strategy", "ddp", "--run.select", "val/loss:max",

@@ -4,6 +4,7 @@ or under which no validation ran, hard-links `A.ckpt` to `A.last.ckpt` (`repro.i
 file system refuses the link). Both load; a later save to either name (an atomic replace, a new inode) leaves the
 other's bytes as they were; a resumed fit still continues from `A.last.ckpt` and keeps the selection."""
 
+import pytest
 import hashlib
 import os
 import subprocess
@@ -60,6 +61,7 @@ def test_where_links_are_refused_the_bytes_are_copied(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "b.ckpt"]
 
 
+@pytest.mark.slow
 def test_a_selection_of_the_final_step_shares_the_last_checkpoint(root, tmp_path):
     """One validation, at the last step (a rehearsal's shape): the selected and the final checkpoint are one inode,
     and `repro test` scores it."""
@@ -74,6 +76,7 @@ def test_a_selection_of_the_final_step_shares_the_last_checkpoint(root, tmp_path
     assert test.returncode == 0, test.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_later_save_to_last_leaves_the_selected_checkpoint(root, tmp_path):
     """Shared after one fit; a resumed fit whose later validations are all worse keeps `A.ckpt` as selected, and
     the saves of `A.last.ckpt` (periodic, final) leave its bytes as they were."""
@@ -91,6 +94,7 @@ def test_a_later_save_to_last_leaves_the_selected_checkpoint(root, tmp_path):
     assert _load(last)["global_step"] == 6 and ckpt.stat().st_ino != last.stat().st_ino
 
 
+@pytest.mark.slow
 def test_no_validation_shares_the_final_state(root, tmp_path):
     ckpt, last = tmp_path / "a.ckpt", tmp_path / "a.last.ckpt"
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
@@ -103,6 +107,7 @@ def test_no_validation_shares_the_final_state(root, tmp_path):
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
 
+@pytest.mark.slow
 def test_under_ddp_rank_0_links_and_every_rank_waits(root, tmp_path):
     ckpt, last = tmp_path / "a.ckpt", tmp_path / "a.last.ckpt"
     fit = _cli(["fit", "-c", TINY, *SMALL, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",

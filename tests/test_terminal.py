@@ -2,6 +2,7 @@
 loss, tokens/s, ETA) — or a bar over steps when the bar is on — and one summary line per run; none of Lightning's
 banner, tips, tables or library warnings. `repro --help` starts without Lightning and lists every command."""
 
+import pytest
 import os
 import re
 import subprocess
@@ -37,6 +38,7 @@ def test_help_lists_every_command_without_importing_lightning():
     assert out.startswith("usage: repro ")
 
 
+@pytest.mark.slow
 def test_subcommand_help():
     code, out, _ = _help(["steps", "--help"])
     assert code == 0 and out.startswith("usage: repro steps")
@@ -45,6 +47,7 @@ def test_subcommand_help():
     assert "transformer_xl" in out and "infinity_former" in out and "lamemo" in out and "mgk" in out
 
 
+@pytest.mark.slow
 def test_python_dash_m_says_repro():
     done = subprocess.run([sys.executable, "-m", "repro", "fit", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

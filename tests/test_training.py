@@ -105,6 +105,7 @@ def _cli(args, cwd):
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
     common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true", "--trainer.precision", "32-true",
               "--trainer.limit_val_batches", "12", "--trainer.accelerator", "cpu"]
@@ -119,6 +120,7 @@ def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
     assert b["val/loss"] == pytest.approx(a["val/loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_fit_then_test_through_the_entry_point_and_vocabulary_check(root, tmp_path):
     ckpt = tmp_path / "tiny.ckpt"
     fit = _cli(["fit", "-c", TINY, "--trainer.max_steps", "3", "--trainer.limit_val_batches", "2",

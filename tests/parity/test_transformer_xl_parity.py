@@ -306,7 +306,7 @@ def _gradient_pairs(model: TransformerXL, tensors) -> list[tuple[str, torch.Tens
     return pairs
 
 
-@pytest.mark.parametrize("kernel", [*KERNELS, "sdpa+compile"])
+@pytest.mark.parametrize("kernel", [*KERNELS, pytest.param("sdpa+compile", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_training_gradients_equal_the_authors(case, kernel):
     """train.py's step (`loss = ret[0].float().mean(); loss.backward()`, the memory carried) over 4 segments against
