@@ -4,7 +4,7 @@ PyTorch runs a bf16 matrix product on the CPU through oneDNN where the CPU has A
 without `avx512_bf16`/`amx_bf16`), and otherwise (AVX2 only: many AMD EPYC and older Intel hosts) through a
 generic loop that reached 0.8–1.3 GFLOP/s on 2 cores, against 30–70 GFLOP/s for float32 on the same cores (an AMD
 EPYC with AVX2 only, 2026-11-26). Every tiny and small config trains under bf16 autocast, so on such a CPU a tiny fit
-took 8.6× its float32 time (README, "Profiles").
+took 8.6× its float32 time (docs/pipeline.md, "bf16 on CPUs").
 
 `emulate_bf16_matmul()` replaces the autocast rule of the matrix products (`mm`, `bmm`, `addmm`, `baddbmm`,
 `addbmm`, `matmul`, `linear`, `linalg_vecdot`, the convolutions, `scaled_dot_product_attention`) on the CPU:
@@ -12,7 +12,7 @@ autocast rounds their floating operands to bf16, as PyTorch's own rule does; her
 to float32 (exactly: every bf16 value is a float32), the product runs in float32, and its result is rounded to
 bf16, the dtype autocast gives. A bf16 product accumulates in float32 in both of PyTorch's kernels, and the
 product of two bf16 numbers is exact in float32, so the result is the same bf16 number up to the order of the
-float32 sums, which differs between any two kernels anyway (README, "Profiles"). What differs: the backward
+float32 sums, which differs between any two kernels anyway (docs/pipeline.md, "bf16 on CPUs"). What differs: the backward
 pass sees float32 products of bf16-rounded tensors where PyTorch's rule records bf16 products, and the gradient
 is rounded to bf16 at the same place (the cast's backward), so it too differs only by summation order; the CPU's
 bf16 attention kernel rounds the softmax weights to bf16 before multiplying by the values, where here they stay in

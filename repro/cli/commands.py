@@ -145,7 +145,7 @@ def _tables(args) -> None:
 
 
 
-USAGE = """one command line for every paper (README.md, "The command line"):
+USAGE = """one command line for every paper (docs/cli.md):
 
   repro fit|validate|test -c CONFIG [-c OVERRIDE ...] [--trainer.* ...] [--run.* ...]   the Lightning CLI
   repro steps "fit -c CONFIG ..." "test -c CONFIG -c EVAL ... --ckpt_path ..."     several runs, one process
@@ -267,7 +267,7 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
     g.add_argument("--threads", type=int)
     g.add_argument("--output", help="also write the continuation here")
     g.set_defaults(func=lambda a: importlib.import_module("repro.cli.generate").main(a))
-    importlib.import_module("repro.ops.mirror").add_parser(sub)  # the rehearsal's local mirror of every source
+    importlib.import_module("repro.ops.mirror.command").add_parser(sub)  # the rehearsal's local mirror of every source
     for cmds in papers.values():  # valid choices (listed in the epilog by paper), run by `repro.cli.entry`
         for name in cmds:
             sub.add_parser(name, add_help=False)

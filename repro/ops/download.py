@@ -13,7 +13,7 @@ verified file is also written to a sidecar `<dest>.sha256` (the `sha256sum` form
 `sha256sum -c <dest>.sha256` works too), which later steps use as the file's identity. When nothing is published
 for a file (trust on first use), the sidecar holds the checksum computed at the first download and every later use
 is verified against it: that detects a file damaged after it was fetched, not one that was wrong upstream.
-README.md ("Downloaded files and their checksums") lists which files have a published checksum and which do not.
+docs/data.md lists which files have a published checksum and which do not.
 
 When the network is unreachable the error says which URLs were tried, why each failed, and where to put the
 file by hand; a file placed there is used without any network access.
