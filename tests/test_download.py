@@ -493,13 +493,13 @@ def test_the_mirror_replaces_every_published_checksum_and_size(tmp_path, monkeyp
 
 
 def test_published_checksums_are_well_formed_and_say_where_they_come_from():
-    from repro.data import lra
+    from repro.data import lra_sources
     from repro.text import streams
 
     assert set(sources.PUBLISHED) == {"wikitext-103-v1.zip", "enwik8.zip", "text8.zip",
                                       "1-billion-word-language-modeling-benchmark-r13output.tar.gz"}
     tables = [p.kwargs() for p in sources.PUBLISHED.values()]
-    tables += [streams.WT103_RAW_PUBLISHED, lra.IMDB_PUBLISHED, lra.CIFAR10_PUBLISHED]
+    tables += [streams.WT103_RAW_PUBLISHED, lra_sources.IMDB_PUBLISHED, lra_sources.CIFAR10_PUBLISHED]
     for table in tables:
         assert table.get("sha256") is not None  # a sha256 for every pinned file
         for algo, n in ALGORITHMS.items():
@@ -510,17 +510,18 @@ def test_published_checksums_are_well_formed_and_say_where_they_come_from():
 
 
 def test_readme_lists_every_downloaded_file_with_its_checksum_source():
-    from repro.data import lra
+    from repro.data import lra_sources
     from repro.text import cmudog, streams
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
     names = [*sources.PUBLISHED, "1b_word_vocab.txt", "simple-examples.tgz", streams.WT103_RAW_URLS[0].rsplit("/")[-1],
-             lra.LRA_RELEASE_URL.rsplit("/")[-1], lra.IMDB_URL.rsplit("/")[-1], lra.CIFAR10_URL.rsplit("/")[-1],
+             *(url.rsplit("/")[-1] for url in (lra_sources.LRA_RELEASE_URL, lra_sources.IMDB_URL, lra_sources.CIFAR10_URL)),
              f"{cmudog.CMU_DOG_COMMIT[:12]}"]
     for name in names:
         assert name in section, name
     pinned = [p.sha256 for p in sources.PUBLISHED.values()]
-    pinned += [streams.WT103_RAW_PUBLISHED["sha256"], lra.IMDB_PUBLISHED["sha256"], lra.CIFAR10_PUBLISHED["sha256"]]
+    pinned += [streams.WT103_RAW_PUBLISHED["sha256"], lra_sources.IMDB_PUBLISHED["sha256"],
+               lra_sources.CIFAR10_PUBLISHED["sha256"]]
     assert all(h[:12] in section for h in pinned)
     assert section.count("no published checksum") >= 4  # vocabulary, PTB, lra_release.gz, CMU-DoG

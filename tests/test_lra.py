@@ -12,24 +12,26 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from repro.data import lra
-from repro.data.lra import (
-    LRADataModule,
+from papers.mgk.lra import LRAClassifier, LRAConfig, LRAEncoder, Variant
+from repro.data import listops, lra, lra_sources, lra_tasks
+from repro.data.listops import (
     ListOpsSpec,
-    extract_prefix,
     generate_listops_examples,
     listops_source,
     listops_tokens,
     listops_value,
     parse_listops,
+    read_listops_tsv,
+    write_listops,
+)
+from repro.data.lra import LRADataModule
+from repro.data.lra_sources import (
+    extract_prefix,
     read_aan_tsv,
     read_cifar10,
     read_imdb,
-    read_listops_tsv,
     read_pathfinder,
-    write_listops,
 )
-from papers.mgk.lra import LRAClassifier, LRAConfig, LRAEncoder, Variant
 
 # ------------------------------------------------------------------------------------------------ ListOps
 
@@ -94,7 +96,7 @@ def test_listops_files_written_once_with_checksums(tmp_path):
     ids, label = rows[0]
     first = files["train"].read_text().splitlines()[1].split("\t")
     toks = [t for t in first[0].split() if t not in "()"]
-    assert [lra.LISTOPS_VOCAB[i] for i in ids] == toks and label == int(first[1])
+    assert [listops.LISTOPS_VOCAB[i] for i in ids] == toks and label == int(first[1])
     bad = tmp_path / "bad.tsv"
     bad.write_text("x\ty\n")
     with pytest.raises(ValueError, match="Source"):
@@ -124,7 +126,7 @@ def test_imdb_archive_and_folder(tmp_path):
         (tmp_path / "x" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "x" / name).write_bytes(blob)
     assert read_imdb(tmp_path / "x") == data
-    splits = lra._text_splits(data, max_len=4)
+    splits = lra_tasks._text_splits(data, max_len=4)
     assert splits["valid"] is splits["test"]  # LRA evaluates on the IMDb test set
     row = [i for i in range(2) if int(splits["train"].labels[i]) == 1][0]
     assert splits["train"].tokens[row].tolist() == [b + 1 for b in b"Grea"]
@@ -136,7 +138,7 @@ def test_aan_pairs(tmp_path):
         (tmp_path / f"new_aan_pairs.{name}.tsv").write_text("\n".join(lines) + "\n")
     rows = read_aan_tsv(tmp_path / "new_aan_pairs.train.tsv")
     assert rows == [(b"abc", b"xy", 1), (b"q", b"hello", 0)]
-    s = lra._retrieval_splits(tmp_path, max_len=3)["valid"]
+    s = lra_tasks._retrieval_splits(tmp_path, max_len=3)["valid"]
     assert s.tokens.tolist() == [[98, 99, 100], [114, 0, 0]] and s.lengths.tolist() == [3, 1]
     assert s.tokens2.tolist() == [[121, 122, 0], [105, 102, 109]] and s.labels.tolist() == [1, 0]
     (tmp_path / "bad.tsv").write_text("1\tonly\tthree\n")
@@ -164,7 +166,7 @@ def test_cifar10_python_batches_to_grey(tmp_path):
     assert x.shape == (10, 1024) and y.tolist() == [1, 8, 2, 7, 3, 6, 4, 5, 5, 4]
     tx, ty = data["test"]
     assert tx[0, 0] == round(0.2989 * 200 + 0.5870 * 100 + 0.1140 * 50) == 124 and tx[0, 1] == 0 and ty.tolist() == [3]
-    splits = lra._image_splits(data, n_valid=2)
+    splits = lra_tasks._image_splits(data, n_valid=2)
     assert len(splits["train"].labels) == 8 and len(splits["valid"].labels) == 2
     assert splits["test"].tokens[0, 0] == 125 and splits["test"].tokens[0, 1] == 1  # pixel + 1: black is not padding
 
@@ -177,7 +179,7 @@ def test_cifar_pickle_that_runs_code_is_refused():
             return os.system, ("true",)
 
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
-        lra.read_cifar_batch(pickle.dumps({b"data": Evil()}))
+        lra_sources.read_cifar_batch(pickle.dumps({b"data": Evil()}))
 
 
 def test_pathfinder_png_and_metadata(tmp_path):
@@ -198,7 +200,7 @@ def test_pathfinder_png_and_metadata(tmp_path):
     x, y = read_pathfinder(root)
     assert x.shape == (4, 1024) and y.tolist() == [0, 1, 0, 1]
     assert x[2, 0] == 255 and x[2, 1] == 20
-    splits = lra._pathfinder_splits(np.repeat(x, 5, 0), np.repeat(y, 5), seed=0)
+    splits = lra_tasks._pathfinder_splits(np.repeat(x, 5, 0), np.repeat(y, 5), seed=0)
     assert [len(splits[s].labels) for s in ("train", "valid", "test")] == [16, 2, 2]
 
 
@@ -244,7 +246,7 @@ def test_data_module_pads_to_the_reference_length(tmp_path):
 
 
 def test_black_is_padding_gives_grey_level_zero_the_pad_id():
-    split = lra.Split(torch.tensor([[1, 2, 256], [5, 1, 1]], dtype=torch.int16), torch.tensor([3, 3]),
+    split = lra_tasks.Split(torch.tensor([[1, 2, 256], [5, 1, 1]], dtype=torch.int16), torch.tensor([3, 3]),
                       torch.tensor([0, 1]))
     batch = lra._collate(split, black_is_padding=True)([0, 1])
     assert batch.tokens.tolist() == [[0, 1, 255], [4, 0, 0]]  # ids 1…256 are grey levels 0…255

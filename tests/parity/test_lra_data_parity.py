@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from repro.data import lra
+from repro.data import listops, lra, lra_sources, lra_tasks
 from tests.parity import lra_sources as src
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "lra.json"
@@ -36,7 +36,7 @@ def theirs():
     return json.loads(FIXTURE.read_text())
 
 
-def batch_rows(split: lra.Split, *, pad_to: int, black_is_padding: bool = False) -> list[lra.Batch]:
+def batch_rows(split: lra_tasks.Split, *, pad_to: int, black_is_padding: bool = False) -> list[lra.Batch]:
     collate = lra._collate(split, pad_to=pad_to, black_is_padding=black_is_padding)
     return [collate([i]) for i in range(len(split.labels))]
 
@@ -45,11 +45,11 @@ def test_listops(theirs, tmp_path):
     files = src.listops_files()
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    symbols = {i: ("X" if s == "]" else s) for i, s in enumerate(lra.LISTOPS_VOCAB)}
+    symbols = {i: ("X" if s == "]" else s) for i, s in enumerate(listops.LISTOPS_VOCAB)}
     pad_to = src.LISTOPS_MAX + src.LISTOPS_EXTRA
     for ours_split, file in zip(SPLITS, ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")):
-        rows = lra.read_listops_tsv(tmp_path / file)
-        split = lra._split_from([r[0] for r in rows], [r[1] for r in rows], src.LISTOPS_MAX)
+        rows = listops.read_listops_tsv(tmp_path / file)
+        split = lra_tasks._split_from([r[0] for r in rows], [r[1] for r in rows], src.LISTOPS_MAX)
         ours = []
         for b in batch_rows(split, pad_to=pad_to):
             ids = b.tokens[0].tolist()
@@ -59,7 +59,8 @@ def test_listops(theirs, tmp_path):
 
 
 def test_text(theirs, tmp_path):
-    splits = lra._text_splits(lra.read_imdb(src.write_tar_gz(tmp_path / "aclImdb_v1.tar.gz", src.IMDB_REVIEWS)), src.TEXT_MAX)
+    archive = src.write_tar_gz(tmp_path / "aclImdb_v1.tar.gz", src.IMDB_REVIEWS)
+    splits = lra_tasks._text_splits(lra_sources.read_imdb(archive), src.TEXT_MAX)
     for s in SPLITS:
         ours = [{"ids": [i for i in b.tokens[0].tolist() if i], "label": int(b.labels[0]),
                  "length": b.tokens.shape[1]}
@@ -70,7 +71,7 @@ def test_text(theirs, tmp_path):
 def test_retrieval(theirs, tmp_path):
     for name, data in src.aan_files().items():
         (tmp_path / name).write_bytes(data)
-    splits = lra._retrieval_splits(tmp_path, src.RETRIEVAL_MAX)
+    splits = lra_tasks._retrieval_splits(tmp_path, src.RETRIEVAL_MAX)
     for s in SPLITS:
         ours = [{"ids1": [i for i in b.tokens[0].tolist() if i], "ids2": [i for i in b.tokens2[0].tolist() if i],
                  "label": int(b.labels[0]), "length": b.tokens.shape[1]}
@@ -93,9 +94,9 @@ def test_image_grey_levels_and_black_as_padding(theirs, tmp_path):
     grey = np.frombuffer(base64.b64decode(theirs["image"]["grey_levels_uint8_base64"]), dtype=np.uint8)
     grey = grey.reshape(len(x), 1024)
     assert theirs["image"]["labels"] == y.tolist()
-    data = lra.read_cifar10(_cifar_archive(tmp_path / "cifar-10-python.tar.gz", x, y))
+    data = lra_sources.read_cifar10(_cifar_archive(tmp_path / "cifar-10-python.tar.gz", x, y))
     np.testing.assert_array_equal(data["test"][0], grey)
-    test = lra._image_splits(data, n_valid=1)["test"]
+    test = lra_tasks._image_splits(data, n_valid=1)["test"]
     # the reference's model input: the grey levels themselves, 0 (black) masked as padding
     for i, b in enumerate(batch_rows(test, pad_to=1024, black_is_padding=True)):
         assert torch.equal(b.tokens[0], torch.from_numpy(grey[i].astype(np.int64)))
@@ -109,11 +110,11 @@ def test_image_validation_pictures_are_the_references(theirs):
     pictures (its writer's md5 of the keys), which the fixture took from a miniature the CIFAR-10 builder prepared."""
     served = theirs["cifar10_split"]
     n = src.CIFAR_TRAIN
-    assert lra.tfds_order(n, "train").tolist() == served["train[:90%]"] + served["train[90%:]"]
+    assert lra_tasks.tfds_order(n, "train").tolist() == served["train[:90%]"] + served["train[90%:]"]
     x = np.zeros((n, 3072), dtype=np.uint8)
     x[:, [0, 1024, 2048]] = np.arange(n)[:, None]  # each picture names itself in its first pixel, grey (R = G = B)
-    grey = lra.grey_levels(x)[:, 0]
-    splits = lra._image_splits({"train": (x, np.arange(n) % 10), "test": (x[:2], np.zeros(2))},
+    grey = lra_sources.grey_levels(x)[:, 0]
+    splits = lra_tasks._image_splits({"train": (x, np.arange(n) % 10), "test": (x[:2], np.zeros(2))},
                                n_valid=len(served["train[90%:]"]))
     index_of = {int(g): i for i, g in enumerate(grey)}
     assert len(index_of) == n

@@ -2,7 +2,7 @@
 Retrieval, Pathfinder-32 PNGs with their text `.npy` metadata, a few empty PNGs as in the release), IMDb's
 `aclImdb_v1.tar.gz` and CIFAR-10's python pickle batches, in the real archive layouts with made-up content.
 
-ListOps comes from our own generator (`repro.data.lra`) at miniature lengths; the CIFAR-10 batches hold 1,100
+ListOps comes from our own generator (`repro.data.listops`) at miniature lengths; the CIFAR-10 batches hold 1,100
 images each instead of 10,000 (the Image task keeps the last 5,000 training images for validation).
 """
 
@@ -27,13 +27,14 @@ def _png(pixels) -> bytes:
 def build_lra(root: Path, words: Words, info: dict) -> None:
     import numpy as np
 
-    from repro.data import lra
+    from repro.data.listops import LISTOPS_FILES, ListOpsSpec, generate_listops_examples
+    from repro.data.lra_sources import CIFAR10_URL, IMDB_URL, LRA_RELEASE_URL
 
     rng = np.random.default_rng(0)
     members: dict[str, bytes] = {}
-    spec = lra.ListOpsSpec(n_train=40, n_valid=8, n_test=8, min_length=20, max_length=200, seed=7)
-    rows = lra.generate_listops_examples(spec)
-    for split, name in lra.LISTOPS_FILES.items():
+    spec = ListOpsSpec(n_train=40, n_valid=8, n_test=8, min_length=20, max_length=200, seed=7)
+    rows = generate_listops_examples(spec)
+    for split, name in LISTOPS_FILES.items():
         members[f"lra_release/listops-1000/{name}"] = ("Source\tTarget\n" + "".join(
             f"{s}\t{y}\n" for s, y in rows[split])).encode()
     aan = {}
@@ -57,7 +58,7 @@ def build_lra(root: Path, words: Words, info: dict) -> None:
         meta.append("imgs/0 sample_20.png 0 1 1.8 6 2 5 2 0\n")
         members[f"lra_release/pathfinder32/{diff}/metadata/0.npy"] = "".join(meta).encode()
         pf[diff] = 20
-    write_tar_gz(file_of(root, lra.LRA_RELEASE_URL), members)
+    write_tar_gz(file_of(root, LRA_RELEASE_URL), members)
 
     imdb: dict[str, bytes] = {"aclImdb/README": b"Large Movie Review Dataset v1.0 (miniature mirror copy)\n",
                               "aclImdb/imdb.vocab": "\n".join(words.words[:200]).encode()}
@@ -68,7 +69,7 @@ def build_lra(root: Path, words: Words, info: dict) -> None:
                 imdb[f"aclImdb/{split}/{label}/{i}_{7 if label == 'pos' else 2}.txt"] = (text + "<br /><br />").encode()
         imdb[f"aclImdb/{split}/urls_pos.txt"] = b"http://www.imdb.com/title/tt0000001/usercomments\n"
     imdb["aclImdb/train/unsup/0_0.txt"] = b"an unlabelled review"
-    write_tar_gz(file_of(root, lra.IMDB_URL), imdb)
+    write_tar_gz(file_of(root, IMDB_URL), imdb)
 
     # CIFAR-10: the train/valid split of the Image task keeps the last 5,000 training images for validation, so
     # the five batches hold 1,100 images each (5,500; the real ones 10,000). Smooth images compress well.
@@ -92,7 +93,7 @@ def build_lra(root: Path, words: Words, info: dict) -> None:
         {b"label_names": [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship",
                           b"truck"], b"num_cases_per_batch": 1100, b"num_vis": 3072}, protocol=2)
     cifar["cifar-10-batches-py/readme.html"] = b"<html>CIFAR-10 (miniature mirror copy)</html>\n"
-    write_tar_gz(file_of(root, lra.CIFAR10_URL), cifar)
+    write_tar_gz(file_of(root, CIFAR10_URL), cifar)
     info["lra"] = {"listops": {s: len(r) for s, r in rows.items()},
                    "listops_labels": {s: [y for _, y in r] for s, r in rows.items()},
                    "aan": {s: len(v) for s, v in aan.items()}, "pathfinder": pf,
