@@ -1,6 +1,7 @@
 """Transformer-MGK attention against the paper's formulas written out as loops."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,3 +203,48 @@ def test_joint_softmax_path_equals_the_component_scores_path(keys, layout, maski
         assert (a is None) == (c is None)
         if a is not None:
             assert_close(a, c, atol=1e-5, rtol=1e-4)
+
+
+def _reference_warm_up(s: int, warmup: int) -> float:
+    """lmtool-fwms `train.py`: update 0 at the full rate; after update s (counted from 1) it sets lr·s/warmup."""
+    return 1.0 if s == 0 else s / warmup
+
+
+def test_warm_up_is_one_update_ahead_of_the_reference():
+    """The WikiText-103 paper configs' warm-up (2,000 updates): ours runs update s at lr·(s+1)/2000, the reference
+    update 0 at the full rate and update s at lr·s/2000 (a deviation of the README's table)."""
+    import yaml
+
+    from repro.lm import OptimConfig
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((root / "configs/mgk/paper/wt103_mgk4.yaml").read_text())
+    optim, steps = OptimConfig(**cfg["model"]["init_args"]["optim"]), cfg["trainer"]["max_steps"]
+    warmup = optim.warmup_steps
+    assert warmup == 2000
+    assert optim.factor(0, steps) == 1 / warmup and _reference_warm_up(0, warmup) == 1.0
+    for s in (1, 2, 1000, warmup - 2):
+        assert optim.factor(s, steps) == _reference_warm_up(s + 1, warmup) != _reference_warm_up(s, warmup)
+    assert optim.factor(warmup - 1, steps) == 1.0
+
+
+def test_every_deviation_names_an_existing_test(request):
+    """Each row of papers/mgk/deviations.yaml (the README's deviations table) names tests that pytest collects,
+    parametrised ids included, and results/mgk/deviations.md is what the file gives (`repro tables mgk`)."""
+    from papers.mgk import tables
+
+    root = Path(__file__).resolve().parents[1]
+    rows = tables.deviation_rows()
+    assert len(rows) >= 10 and all(row["test"] for row in rows)
+    named = {t for row in rows for t in row["test"]}
+    collected: dict[str, set[str]] = {}
+    for path in sorted({t.split("::")[0] for t in named}):
+        assert (root / path).is_file(), f"{path} (named in deviations.yaml) does not exist"
+        module = pytest.Module.from_parent(request.session, path=root / path)
+        collected[path] = {item.name for item in module.collect() if isinstance(item, pytest.Function)}
+    missing = sorted(t for t in named if t.partition("::")[2] not in collected[t.partition("::")[0]])
+    assert not missing, f"deviations.yaml names tests that do not exist: {missing}"
+    table = (root / "results" / "mgk" / "deviations.md").read_text()
+    assert table == tables.deviations().markdown(), "results/mgk/deviations.md is stale: run `repro tables mgk`"
+    for row in rows:
+        assert row["effect"].strip(), f"{row['deviation']}: an effect is a measured number or 'not measured'"

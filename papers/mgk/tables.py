@@ -300,7 +300,40 @@ def build(results: Results) -> list[Table]:
         _lra("lra_learning", "Long Range Arena, learning options (1 head)", LRA_LEARNING, results),
         efficiency(results),
         claims_table(results),
+        deviations(),
     ]
+
+
+DEVIATIONS = Path(__file__).with_name("deviations.yaml")
+DEVIATION_FIELDS = ("deviation", "reference", "ours", "why", "effect", "test")
+
+
+def deviation_rows(path: Path = DEVIATIONS) -> list[dict]:
+    """The entries of deviations.yaml, each with every field (`test`: a list of test ids)."""
+    import yaml
+
+    rows = yaml.safe_load(path.read_text())
+    for i, row in enumerate(rows):
+        if set(row) != set(DEVIATION_FIELDS):
+            raise ValueError(f"{path}: entry {i + 1} ({row.get('deviation')!r}) has the fields {sorted(row)}; "
+                             f"each entry has exactly {', '.join(DEVIATION_FIELDS)}")
+        row["test"] = [row["test"]] if isinstance(row["test"], str) else list(row["test"])
+    return rows
+
+
+def deviations(path: Path = DEVIATIONS) -> Table:
+    """Where we differ from the paper and the authors' code, one row each, from deviations.yaml."""
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")  # one line; a pipe would split the markdown cell
+
+    rows = [[cell(r[f]) for f in DEVIATION_FIELDS[:-1]] + ["; ".join(f"`{t}`" for t in r["test"])]
+            for r in deviation_rows(path)]
+    return Table("deviations", "Transformer-MGK — deviations from the paper and the authors' code",
+                 ["deviation", "paper and authors' code", "ours", "why", "measured effect", "test"], rows,
+                 ["Generated from `papers/mgk/deviations.yaml`. A fixture's effect is the largest absolute "
+                  "difference of the outputs at the weights and inputs of that parity fixture "
+                  "(`tests/parity/mgk/<fixture>.pt`), our form against the official outputs; its test asserts more "
+                  "than 100 × the parity tolerance. Every test named exists (`tests/test_mgk.py`)."])
 
 
 def claims_table(results: Results) -> Table:
@@ -320,6 +353,6 @@ def claims_table(results: Results) -> Table:
         table.notes.append(
             "Parameters of the compared models (whole model, adaptive softmax included): MGK-4 "
             f"{params['wt103_mgk4']:,} / softmax-8 {params['wt103_softmax8']:,} = "
-            f"{params['wt103_mgk4'] / params['wt103_softmax8']:.3f}×; the attention layers alone and the FLOPs: "
-            "papers/mgk/README.md (small profile).")
+            f"{params['wt103_mgk4'] / params['wt103_softmax8']:.3f}×; the attention layers alone and the forward "
+            "FLOPs were measured once (`torch.utils.flop_counter`; CHANGELOG.md, Transformer-MGK small profile).")
     return table
