@@ -1,15 +1,21 @@
-"""Transformer-XL: segment recurrence, adaptive softmax, tying, initialisation and parameter counts."""
+"""Transformer-XL: segment recurrence, adaptive softmax, tying, initialisation and parameter counts; the warm-up and
+the paper-scale ablation configs of its deviation table, and the table itself (every row names a test that exists)."""
 
+import ast
+import csv
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.lm import OptimConfig
 from repro.memory import empty_memory, update_memory
 from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=50, dropout=0.0, dropatt=0.0)
 
 
@@ -175,3 +181,60 @@ def test_attention_output_dropout_can_be_off_as_in_the_infinity_former_sorting_c
     assert_close(out, expect)
     out, expect = run(True)
     assert (out - expect).abs().max() > 1e-2  # far beyond assert_close's tolerance
+
+
+def test_warm_up_rises_from_the_first_update():
+    """Update s (from 0) runs at lr·(s+1)/warmup, then the cosine over max_steps: the first update is the smallest.
+    train.py's first update runs at the full rate and update s (from 1) at lr·s/warmup (the deviation table)."""
+    optim = OptimConfig(lr=1.0, warmup_steps=4, schedule="cosine")
+    assert [optim.factor(s, 100) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert optim.factor(4, 100) == pytest.approx(0.5 * (1 + math.cos(math.pi * 4 / 100)))
+    assert OptimConfig(lr=1.0, warmup_steps=0).factor(0, 100) == 1.0  # no warm-up: the full rate from the start
+
+
+def test_paper_ablations_are_the_standard_model_less_one_component():
+    """Table 6 at paper scale: each ablation config is `wt103_base` (151M) with only its component removed — the
+    memory, then also the relative positions, then also the memory protocol at evaluation (sliding windows)."""
+    from tests.parity.common import parsed_config
+
+    def differences(name):
+        base = parsed_config("configs/transformer_xl/paper/wt103_base.yaml")
+        other = parsed_config(f"configs/transformer_xl/paper/{name}.yaml")
+        return {k: (base.get(k), other.get(k)) for k in base.keys() | other.keys()
+                if k not in ("config", "run.experiment") and base.get(k) != other.get(k)}
+
+    no_memory = {"model.memory.mem_len": (150, 0), "model.eval_memory.mem_len": (150, 0)}
+    assert differences("ablation_norec_relative") == no_memory
+    absolute = no_memory | {"model.attention": ("relative", "absolute")}
+    assert differences("ablation_norec_absolute") == absolute
+    assert differences("ablation_vanilla") == absolute | {"model.eval_protocol.kind": ("memory", "sliding"),
+                                                         "model.eval_protocol.window": (0, 150)}
+
+
+def _test_functions(path: Path) -> set[str]:
+    return {node.name for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def test_every_deviation_names_an_existing_test():
+    from papers.transformer_xl.tables import load_deviations
+
+    entries = load_deviations()
+    assert len(entries) >= 20
+    for entry in entries:
+        path, sep, name = entry["test"].partition("::")
+        assert sep and path.startswith("tests/") and (ROOT / path).is_file(), f"{entry['deviation']}: {entry['test']}"
+        assert name in _test_functions(ROOT / path), f"{entry['deviation']}: {entry['test']} is no test function"
+
+
+def test_the_committed_deviation_table_is_current(monkeypatch):
+    """results/transformer_xl/deviations.md is what deviations.yaml gives (with the committed parameter counts):
+    run `repro tables transformer_xl` after editing the file."""
+    from papers.transformer_xl.tables import deviations_table
+
+    monkeypatch.chdir(ROOT)
+    rows = csv.DictReader(Path("results/transformer_xl/params.csv").read_text().splitlines())
+    params = {r["experiment"]: r for r in rows}
+    table = deviations_table(params)
+    assert Path("results/transformer_xl/deviations.md").read_text() == table.markdown()
+    assert "{params:" not in table.markdown()

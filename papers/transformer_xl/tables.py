@@ -4,12 +4,14 @@ Our cells come from run records (`results/transformer_xl/runs/<profile>/<experim
 whose run has not been made says "not run". The tiny profile trains small models for seconds on Python's own
 documentation: its numbers show that the pipeline runs and whether orderings appear, never the paper's values. The
 small profile trains the ablation / RECL models 4x longer over three seeds and decides the pre-registered claims of
-`configs/transformer_xl/small/claims.yaml` (`claims_small.md`, by `repro.claims`).
+`configs/transformer_xl/small/claims.yaml` (`claims_small.md`, by `repro.claims`). The deviations from the paper and
+the authors' code are a table too (`deviations.md`, from `deviations.yaml` beside this file).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -476,7 +478,7 @@ def table8(results: Results) -> Table:
                          "length." + (" Over seeds, the small profile decides the ordering of the test loss at "
                                       "attention length 128 (`claims_small.md`)." if profile == "small" else ""))
             if profile == "tiny":
-                notes.append(TINY_RECL_READING)
+                notes.append(tiny_recl_reading(result))
         else:
             notes.append(f"Ours ({profile}): not run (`repro recl`, see papers/transformer_xl/README.md).")
     return Table("table8_recl", "Table 8 — relative effective context length (RECL)",
@@ -484,9 +486,17 @@ def table8(results: Results) -> Table:
                   "ours ppl (shortest c)", "ours ppl (longest c)"], rows, notes)
 
 
+def tiny_recl_reading(result: dict) -> str:
+    """How to read the tiny group's RECLs, with the recurrent model's perplexity change over the lengths tried."""
+    cs, loss = result["contexts"], result["models"]["txl"]["mean_loss"]
+    change = math.exp(loss[str(cs[-1])] - loss[str(cs[0])]) - 1
+    return TINY_RECL_READING.format(change=f"{abs(change):.1%}", first=cs[0], last=cs[-1])
+
+
 TINY_RECL_READING = (
     "Reading the tiny numbers: these models barely use context beyond a few dozen tokens (the recurrent model's "
-    "perplexity moves by 1.5% from 16 to 256 tokens), so every gain is near the threshold and the RECLs are noisy. "
+    "perplexity moves by {change} from {first} to {last} tokens), so every gain is near the threshold and the RECLs "
+    "are noisy. "
     "The definition counts a token only where a model beats the group's baseline (min(b, l)); a model whose "
     "per-token losses scatter widely around the baseline collects such wins even when it gets worse on average: "
     "the absolute-position model beyond its training length (64) is the case here, its mean loss rises with the "
@@ -504,14 +514,62 @@ def plot_context(results: Results, out: Path) -> Path | None:
                                            "the relative gain behind RECL (r = 0.1)")
 
 
+DEVIATIONS = Path(__file__).with_name("deviations.yaml")
+DEVIATION_FIELDS = ("deviation", "reference", "ours", "why", "effect", "test")
+
+
+def load_deviations(path: Path = DEVIATIONS) -> list[dict[str, str]]:
+    """The entries of deviations.yaml, every field present and folded to one line of markdown."""
+    import yaml
+
+    entries = yaml.safe_load(path.read_text())
+    out = []
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict) or set(entry) != set(DEVIATION_FIELDS):
+            raise ValueError(f"{path}: entry {i} has the fields {sorted(entry) if isinstance(entry, dict) else entry!r}; "
+                             f"each entry has exactly {', '.join(DEVIATION_FIELDS)}")
+        for key, value in entry.items():
+            if not isinstance(value, str) or not value.strip() or "|" in value:
+                raise ValueError(f"{path}: entry {i} ({entry.get('deviation')!r}), field {key}: write one non-empty "
+                                 f"text without `|` (it becomes a markdown table cell), got {value!r}")
+        out.append({k: " ".join(entry[k].split()) for k in DEVIATION_FIELDS})
+    return out
+
+
+def deviations_table(params: dict[str, dict[str, str]], path: Path = DEVIATIONS) -> Table:
+    """deviations.yaml as a table. `{params:EXPERIMENT}` in an effect is the row of `params.md` (`params`:
+    experiment → its cells `ours`, `paper`, `difference`), so that a parameter count is never typed."""
+    def fill(text: str) -> str:
+        def count(m: re.Match) -> str:
+            row = params.get(m.group(1))
+            if row is None:
+                raise ValueError(f"{path}: {m.group(0)} names no paper config of configs/transformer_xl/paper/")
+            return (f"{row['ours']} parameters against the paper's {row['paper']} ({row['difference']}, "
+                    f"`params.md`)")
+        return re.sub(r"\{params:(\w+)\}", count, text)
+
+    rows = [[e["deviation"], e["reference"], e["ours"], e["why"], fill(e["effect"]), f"`{e['test']}`"]
+            for e in load_deviations(path)]
+    notes = [("One row per difference from the paper or the authors' code (kimiyoung/transformer-xl `pytorch/`), "
+              "written in `papers/transformer_xl/deviations.yaml`. Effect: a measured number and where it was "
+              "measured (a committed table, a test's assertion), or \"not measured\". Every paper config with a "
+              "released script is compared with it flag by flag (`tests/parity/test_settings_parity.py`): a setting "
+              "that departs from its script fails that test unless the test expects it.")]
+    return Table("deviations", "Transformer-XL — deviations from the paper and the authors' code",
+                 ["deviation", "paper / authors' code", "ours", "why", "effect", "pinned by"], rows, notes)
+
+
 def build(results: Results) -> list[Table]:
     from repro.cli.commands import describe_configs
 
     paper_cfgs = sorted(str(p) for p in Path("configs/transformer_xl/paper").glob("*.yaml") if ".eval." not in p.name)
     described = describe_configs(paper_cfgs)
+    params = params_table(described)
+    param_cells = {str(r[0]): {"ours": r[1].text(), "paper": r[2].text(), "difference": r[3].text()}
+                   for r in params.rows}
     tables = [table1(results), table2(results), table3(results), table4(results, described),
               table5(results, described), ablation(results), table8(results), table9(results),
-              params_table(described), claims_table(results)]
+              params, claims_table(results), deviations_table(param_cells)]
     plot_table9(results, results.root / PAPER / "table9_slowdown.png")
     plot_context(results, results.root / PAPER / "table8_context.png")
     return tables

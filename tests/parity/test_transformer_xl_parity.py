@@ -196,7 +196,8 @@ def test_absolute_memory_deviation_is_the_only_difference():
     losses, _ = run_ours(model, tensors, meta)
     ref = tensors["output.loss"]
     torch.testing.assert_close(losses[:2], ref[:2], atol=TOLERANCE, rtol=TOLERANCE)
-    assert (losses[2:] - ref[2:]).abs().max() > 100 * TOLERANCE
+    gap = (losses[2:] - ref[2:]).abs().flatten(1).amax(1)  # per segment, in nats (the deviation table's effect)
+    assert gap.tolist() == pytest.approx([0.045, 0.073], abs=1e-3)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "abs_nomem"])
