@@ -443,6 +443,49 @@ def test_tiny_configs_pair_lamemo_with_its_baseline(root, monkeypatch):
             assert row["eval"]["same_length"] and row["eval"]["mem_len"] > lam["mem_len"]
 
 
+def test_only_the_paper_training_configs_roll_their_streams(root):
+    """`--roll` (in every released training script) is set in the six paper training configs; the tiny and small
+    configs keep the protocol they were registered with, without it (a row of papers/lamemo/deviations.yaml)."""
+    import yaml
+
+    configs = [p for p in sorted((root / "configs/lamemo").glob("*/*.yaml")) if p.name != "claims.yaml"
+               and ".eval." not in p.name]
+    assert sum(p.parent.name == "paper" for p in configs) == 6
+    for path in configs:
+        roll = yaml.safe_load(path.read_text())["data"]["init_args"].get("roll", False)
+        assert roll == (path.parent.name == "paper"), path
+
+
+# ------------------------------------------------------------------------------------------------- deviations
+def test_every_deviation_names_a_test_that_exists(root):
+    """Each row of papers/lamemo/deviations.yaml (the README's deviations table) is pinned by a test: its id names a
+    file under tests/ and a test function defined at its top level; its effect is a measured number or says that
+    it is not measured."""
+    import ast
+
+    import yaml
+
+    from papers.lamemo.tables import DEVIATIONS
+
+    rows = yaml.safe_load(DEVIATIONS.read_text())
+    assert rows
+    for row in rows:
+        path, _, name = row["test"].partition("::")
+        assert path.startswith("tests/") and (root / path).is_file(), f"{row['deviation']}: no file {path}"
+        defined = {n.name for n in ast.parse((root / path).read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert name.startswith("test_") and name in defined, f"{row['deviation']}: {row['test']} does not exist"
+        effect = row["effect"]
+        assert effect.startswith("not measured") or any(c.isdigit() for c in effect), f"{row['deviation']}: {effect}"
+
+
+def test_the_deviations_table_is_rendered_from_the_yaml(root):
+    from papers.lamemo.tables import deviations_table
+
+    table = deviations_table()
+    assert (root / "results/lamemo/deviations.md").read_text() == table.markdown(), \
+        "results/lamemo/deviations.md differs from papers/lamemo/deviations.yaml: run `repro tables lamemo`"
+
+
 # ------------------------------------------------------------------------------------------------- utilisation
 def test_attention_mass_by_distance_by_hand():
     from papers.lamemo.utilisation import mass_by_distance, memory_share

@@ -14,6 +14,9 @@ Run records (written by the DVC stages, see papers/lamemo/README.md):
 - `runs/<profile>/bench*.jsonl`: `repro bench` lines, train and eval, for both models at equal lengths.
 The paper profile runs one seed (`seed1`); the small profile five (`configs/lamemo/small/claims.yaml`: its
 pre-registered claims, decided by `repro.claims` in `claims_small.md`).
+
+`deviations.md` is rendered from `papers/lamemo/deviations.yaml`: every difference from the paper and the authors'
+code, with its reason, its measured effect and the test that pins it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ SEEDS = (1, 2, 3)
 SMALL_SEEDS = (1, 2, 3, 4, 5)
 PROFILES = ("tiny", "small", "paper")
 CLAIMS_SMALL = Path("configs/lamemo/small/claims.yaml")
+DEVIATIONS = Path(__file__).with_name("deviations.yaml")
+DEVIATION_FIELDS = ("deviation", "reference", "ours", "why", "effect", "test")
+DEVIATIONS_NOTE = ("Rendered from `papers/lamemo/deviations.yaml`. Effects cite a test's assertion, the parity "
+                   "fixtures (tests/parity/lamemo/) or CHANGELOG.md, which keeps each measurement with its machine "
+                   "and date. Settings rows are the expected differences of "
+                   "`tests/parity/test_settings_parity.py::test_lamemo_paper_config_equals_its_script`, which "
+                   "compares every paper config with its released script flag by flag.")
 NOT_TRANSCRIBED = "not transcribed"
 
 # The paper's numbers, keyed by our experiment names: {"wt103_lamemo": {"test": <test ppl>, "params": <count>}, …}.
@@ -269,6 +279,24 @@ def params_table(rows: list[dict]) -> Table:
                  ["LaMemo adds one (heads × head width) future position bias to Transformer-XL's base models."])
 
 
+def deviations_table(path: Path = DEVIATIONS) -> Table:
+    """One row per entry of `deviations.yaml`, its fields in `DEVIATION_FIELDS` order (an entry missing a field or
+    with one more, or a value with a '|', is refused)."""
+    import yaml
+
+    rows = []
+    for i, entry in enumerate(yaml.safe_load(path.read_text())):
+        if set(entry) != set(DEVIATION_FIELDS):
+            raise ValueError(f"{path}: entry {i + 1} ({entry.get('deviation', '?')}) has the fields {sorted(entry)}, "
+                             f"not {list(DEVIATION_FIELDS)}")
+        if any("|" in str(v) for v in entry.values()):
+            raise ValueError(f"{path}: entry {i + 1} ({entry['deviation']}) has a '|', which would split its table cell")
+        rows.append([str(entry[f]) for f in DEVIATION_FIELDS[:-1]] + [f"`{entry['test']}`"])
+    return Table("deviations", "LaMemo — deviations from the paper and the authors' code",
+                 ["deviation", "paper / authors' code", "ours", "why", "measured effect", "test"], rows,
+                 [DEVIATIONS_NOTE])
+
+
 def build(results: Results) -> list[Table]:
     from repro.cli.commands import describe_configs
 
@@ -277,6 +305,7 @@ def build(results: Results) -> list[Table]:
     tables += [comparison(results), utilisation_table(results), cost_table(results),
                params_table(describe_configs(cfgs))]
     tables.append(claims_table(results))
+    tables.append(deviations_table())
     plot_utilisation(results, results.root / NAME / "utilisation_tiny.png")
     return tables
 
