@@ -102,6 +102,33 @@ def test_hook_adds_after_c_proj_before_the_residual_and_sees_queries_and_block_i
     assert all(not t.requires_grad for t in mems)  # carried memory is detached
 
 
+def test_the_memory_output_gets_its_own_dropout_mask(monkeypatch):
+    """The official attention drops out c_proj(a) + Z with one mask; here `transformers`' attention, unmodified,
+    drops out c_proj(a) inside, and the memory's Z gets its own call of the same residual dropout (README,
+    deviations)."""
+    import papers.infinity_former.gpt2 as G
+
+    monkeypatch.setattr(G, "build_layer_memory", lambda hook, d_model, n_head, layer: ConstantMemory(d_model))
+    torch.manual_seed(0)
+    m = GPT2WithMemory(SMALL, MemoryHook(kind="window", layers=(1,)), V).eval()
+    attn = m.lm.transformer.h[1].attn
+    seen = []
+
+    class Record(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x.detach().clone())
+            return x
+
+    attn.inner.resid_dropout = Record()
+    x1, x2 = torch.randint(0, V, (2, 12)), torch.randint(0, V, (2, 12))
+    _, mems = m(x1, None)
+    assert len(seen) == 1  # an empty memory: GPT-2's own dropout of c_proj(a) only
+    seen.clear()
+    m(x2, mems)
+    assert len(seen) == 2  # c_proj(a) inside transformers, then Z alone
+    assert_close(seen[1], attn.memory.c.detach().expand_as(seen[1]))
+
+
 def test_window_memory_carries_information_across_blocks():
     m = _model("window", mem_len=16)
     x1, x1b, x2 = (torch.randint(0, V, (1, 12)) for _ in range(3))

@@ -508,3 +508,57 @@ def test_gpt2_tables_put_each_record_in_its_cell_and_check_the_claims_on_it(tmp_
     # PPL lower is better, the other metrics higher: ∞-former (ppl 12, F1 8) against GPT-2 (ppl 14, F1 6)
     assert "∞-former better than GPT-2: PPL yes, per-token PPL yes, F1 yes, ROUGE-1 yes, ROUGE-L yes, METEOR yes" in md
     assert "∞-former (sticky memories) better than ∞-former: PPL no, per-token PPL no, F1 no" in md
+
+
+# ----------------------------------------------------------------------------------------------- deviations
+
+
+def _test_functions(path) -> set[str]:
+    """`name` and `Class::name` of every test function defined in a test file (read, not imported)."""
+    import ast
+
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            names |= {f"{node.name}::{f.name}" for f in node.body
+                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test")}
+    return names
+
+
+def test_every_deviation_names_an_existing_test_and_a_measured_effect():
+    """Each row of `papers/infinity_former/deviations.yaml` (the README's deviations table) names tests that exist
+    (`tests/<file>.py::<function>`, a parametrised test by its function) and gives its effect as a number with where
+    it was measured, or says "not measured"; the committed table is what the file gives."""
+    from pathlib import Path
+
+    from papers.infinity_former.tables import deviations, load_deviations
+
+    root = Path(__file__).resolve().parents[1]
+    rows = load_deviations()
+    assert len({r["deviation"] for r in rows}) == len(rows) >= 20
+    for row in rows:
+        for test in row["test"] if isinstance(row["test"], list) else [row["test"]]:
+            file, name = test.split("::", 1)
+            assert file.startswith("tests/") and (root / file).is_file(), (row["deviation"], test)
+            assert name in _test_functions(root / file), (row["deviation"], test)
+        effect = row["effect"]
+        assert effect.startswith("not measured") or (
+            any(c.isdigit() for c in effect) and any(w in effect for w in ("test", "CHANGELOG.md", "results/"))), \
+            (row["deviation"], effect)
+    table = deviations()
+    assert (root / "results" / "infinity_former" / "deviations.md").read_text() == table.markdown(), \
+        "results/infinity_former/deviations.md differs from deviations.yaml: run `repro tables infinity_former`"
+
+
+def test_a_deviation_without_its_fields_is_refused(tmp_path):
+    from papers.infinity_former.tables import load_deviations
+
+    path = tmp_path / "deviations.yaml"
+    path.write_text("- deviation: x\n  reference: y\n  ours: z\n  why: w\n  effect: not measured\n")
+    with pytest.raises(ValueError, match="exactly"):
+        load_deviations(path)
+    path.write_text("- {deviation: x, reference: y, ours: z, why: w, effect: not measured, test: test_x}\n")
+    with pytest.raises(ValueError, match="tests/<file>.py::<test>"):
+        load_deviations(path)

@@ -239,3 +239,73 @@ def test_official_optimiser_steps_after_every_segment(tmp_path, official):
     assert trainer.global_step == 4
     assert steps == ({7} if official else {4})
     assert moved and all(moved) == official and any(moved) == official
+
+
+def _sorting_trainer(tmp_path, callbacks=(), *, max_steps=4):
+    return L.Trainer(max_steps=max_steps, logger=False, callbacks=list(callbacks), enable_progress_bar=False,
+                     limit_val_batches=0, use_distributed_sampler=False, enable_model_summary=False,
+                     accelerator="cpu", default_root_dir=tmp_path, enable_checkpointing=False)
+
+
+def test_learning_rate_follows_the_cosine_at_every_update(tmp_path):
+    """The official loop steps its cosine scheduler every 240 updates (a staircase); ours follows the cosine at every
+    update (README, deviations): after update k the rate is lr · factor(k), warm-up included."""
+    L.seed_everything(11)
+    dm = SortingDataModule(length=28, n_train=16, n_valid=2, n_test=2, batch_size=2, tgt_len=24, eval_batch_size=2,
+                           data_dir=str(tmp_path / "data"))
+    module = SortingLM(model=MODEL, backbone="transformer_xl", memory={"mem_len": 8},
+                       optim={"lr": 1e-3, "warmup_steps": 2}, n_token=dm.vocab_size)
+    rates = []
+
+    class Rate(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch.last:
+                rates.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    _sorting_trainer(tmp_path, [Rate()], max_steps=6).fit(module, datamodule=dm)
+    assert rates == pytest.approx([1e-3 * module.optim.factor(k, 6) for k in range(1, 7)])
+    assert len(set(rates)) == 6  # a new rate after every update
+
+
+def test_a_split_sorted_output_gives_gradients_from_both_segments(tmp_path):
+    """Sequences of 28 symbols + 20 sorted outputs in segments of 16: the output falls 4 tokens in the second
+    segment and 16 in the third. The official loop back-propagates the last segment only; ours back-propagates the
+    scored part of the second too, before the group's single update (README, deviations)."""
+    L.seed_everything(11)
+    dm = SortingDataModule(length=28, n_train=8, n_valid=2, n_test=2, batch_size=2, tgt_len=16, eval_batch_size=2,
+                           data_dir=str(tmp_path / "data"))
+    module = SortingLM(model=MODEL, backbone="infinity_former", ltm=LTM, memory={"mem_len": 8},
+                       optim={"lr": 3e-3, "warmup_steps": 1}, n_token=dm.vocab_size)
+    seen = []
+
+    class Grads(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            grads = [p.grad.clone() for p in pl_module.parameters() if p.grad is not None]
+            seen.append((int((batch.target != PAD).sum()), grads))
+
+    _sorting_trainer(tmp_path, [Grads()], max_steps=1).fit(module, datamodule=dm)
+    assert [n for n, _ in seen] == [0, 2 * 4, 2 * 16]
+    assert seen[0][1] == []  # the memory-only segment runs without gradients
+    middle, last = seen[1][1], seen[2][1]
+    assert middle and any(g.abs().sum() > 0 for g in middle)  # the output's first 4 tokens gave a gradient ...
+    assert len(last) >= len(middle) and any(not torch.equal(a, b) for a, b in zip(middle, last))  # ... then more
+
+
+def test_evaluation_batch_size_does_not_change_the_numbers(tmp_path):
+    """The official code evaluates one sequence at a time; ours `eval_batch_size` at once, each with its own memory
+    (README, deviations): the same test numbers with batches of 1 and 2 (a linear LTM: no random draws;
+    the weights as initialised)."""
+    data = tmp_path / "data"
+    L.seed_everything(11)
+
+    def datamodule(eval_batch_size):
+        return SortingDataModule(length=40, n_train=8, n_valid=2, n_test=4, batch_size=2, tgt_len=16,
+                                 eval_batch_size=eval_batch_size, data_dir=str(data))
+
+    module = SortingLM(model=MODEL, backbone="infinity_former", ltm={"n_basis": 16, "n_samples": 8},
+                       memory={"mem_len": 8}, n_token=datamodule(2).vocab_size)
+    trainer = _sorting_trainer(tmp_path)
+    one, two = (trainer.test(module, datamodule=datamodule(b), verbose=False)[0] for b in (1, 2))
+    assert one["test/tokens"] == two["test/tokens"] == 4 * 20
+    for key in ("test/loss", "test/acc", "test/regression_error"):
+        assert one[key] == pytest.approx(two[key], rel=1e-5, abs=1e-7), key

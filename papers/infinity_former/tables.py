@@ -13,15 +13,18 @@ paper column states what the paper says, and ours are the test accuracies of our
 - `claims_small`: the small profile's pre-registered claims (`configs/infinity_former/small/claims.yaml`) decided
   by `repro.claims` from the seed records: Figure 3 left as the per-seed drop in accuracy from the shortest to the
   longest length, sticky memories at the longest length, Figure 3 right as N = 32 against N = 8.
+- `deviations`: every place where we differ from the paper and the authors' code, with the reason, the measured
+  effect and the test that pins it, from `papers/infinity_former/deviations.yaml` (the README embeds it).
 Small-profile cells are means ± sample standard deviation over the seeds run (`<experiment>.seed<N>` records).
 Plots (PNG) are written beside the tables.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
-import statistics
+import yaml
 
 from repro import claims
 from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
@@ -398,6 +401,45 @@ def claims_small(results: Results) -> Table:
     return table
 
 
+# ------------------------------------------------------------------------------------------------- deviations
+DEVIATIONS = Path(__file__).resolve().parent / "deviations.yaml"
+DEVIATION_FIELDS = {"deviation": "deviation", "reference": "paper / authors' code", "ours": "ours", "why": "why",
+                    "effect": "measured effect", "test": "test that pins it"}
+
+
+def load_deviations(path: Path = DEVIATIONS) -> list[dict[str, str | list[str]]]:
+    """The rows of `deviations.yaml`, each with exactly the fields of `DEVIATION_FIELDS` (`test`: one id or a list)."""
+    rows = yaml.safe_load(path.read_text())
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected a list of deviations, one mapping each")
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or set(row) != set(DEVIATION_FIELDS):
+            got = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{path}: deviation {i} has the fields {got}; each needs exactly "
+                             f"{sorted(DEVIATION_FIELDS)}")
+        tests = row["test"] if isinstance(row["test"], list) else [row["test"]]
+        if not all(isinstance(row[k], str) and row[k].strip() for k in DEVIATION_FIELDS if k != "test") or \
+                not tests or not all(isinstance(t, str) and "::" in t for t in tests):
+            raise ValueError(f"{path}: deviation {i} ({row.get('deviation')!r}) has an empty field or a test that is "
+                             "not tests/<file>.py::<test>")
+    return rows
+
+
+def deviations(path: Path = DEVIATIONS) -> Table:
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    rows = []
+    for row in load_deviations(path):
+        tests = row["test"] if isinstance(row["test"], list) else [row["test"]]
+        rows.append([*(cell(row[k]) for k in DEVIATION_FIELDS if k != "test"), ", ".join(f"`{t}`" for t in tests)])
+    notes = [(f"{len(rows)} deviations, from `papers/infinity_former/deviations.yaml` "
+              "(`repro tables infinity_former`). An effect is a measured number with where it was measured (a committed table, a test's assertion, or "
+              "an entry of `CHANGELOG.md` named in quotes), or \"not measured\".")]
+    return Table("deviations", "∞-former — deviations from the paper and the authors' code",
+                 list(DEVIATION_FIELDS.values()), rows, notes)
+
+
 def build(results: Results) -> list[Table]:
     left_table, left = fig3_left(results)
     right_table, right = fig3_right(results)
@@ -406,4 +448,4 @@ def build(results: Results) -> list[Table]:
     tables = [left_table, right_table, table1(results), table2(results), claims_small(results)]
     if cost_table is not None:
         tables.append(cost_table)
-    return tables
+    return [*tables, deviations()]
