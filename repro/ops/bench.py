@@ -12,12 +12,13 @@ Modes:
 
 Model-FLOPs utilisation (`mfu`, train and eval rows): the step's FLOPs over its median time and over the device's
 peak for the precision. The FLOPs are counted once, on one extra untimed step at full memory, by
-`torch.utils.flop_counter` (matrix products and attention: forward, and backward in training), with the eager
-attention kernel whatever kernel is timed, so that every kernel and compiled form of a model is divided by the
-same count. The peak comes from `PEAK_TFLOPS` (dense, the datasheets' figures without sparsity) for known GPUs, and
-otherwise is measured (`measured_peak_tflops`: the best of a few large matrix products in the precision): on a CPU
-always, whose rate depends on its cores, clock and instructions. float32 on a GPU counts against the plain float32
-peak unless TF32 products are allowed (`torch.backends.cuda.matmul.allow_tf32`), then against TF32's.
+`torch.utils.flop_counter` (`repro.ops.timing.count_flops`: matrix products and attention, forward, and backward in
+training), with the eager attention kernel whatever kernel is timed, so that every kernel and compiled form of a
+model is divided by the same count. The peak comes from `PEAK_TFLOPS` (dense, the datasheets' figures without
+sparsity) for known GPUs, and otherwise is measured (`repro.ops.timing.measured_peak_tflops`: the best of a few
+large matrix products in the precision): on a CPU always, whose rate depends on its cores, clock and instructions.
+float32 on a GPU counts against the plain float32 peak unless TF32 products are allowed
+(`torch.backends.cuda.matmul.allow_tf32`), then against TF32's.
 
 Options of the timed step: `compile` (`nn.Module.compile` of the model's compile units, as `repro fit
 --run.compile true`: `SegmentLM.compile_model`; a string is torch.compile's mode, e.g. `reduce-overhead`), `attention` (the kernel of `repro.nn.attention`), and the
@@ -36,12 +37,12 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 
 import torch
 
 from repro.lm import MemorySettings
+from repro.ops.timing import autocast, count_flops, measured_peak_tflops, sync
 
 
 def _tokens(dm, n: int, *, vocab: int, generator: torch.Generator) -> tuple[torch.Tensor, str]:
@@ -55,17 +56,6 @@ def _tokens(dm, n: int, *, vocab: int, generator: torch.Generator) -> tuple[torc
     ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
     probs = (1.0 / ranks) / (1.0 / ranks).sum()
     return torch.multinomial(probs, n, replacement=True, generator=generator), "zipf"
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _peak_mb(device) -> float:
@@ -88,25 +78,6 @@ PEAK_TFLOPS = {
 }
 
 
-def measured_peak_tflops(device: torch.device, precision: str, *, n: int | None = None, repeats: int = 5) -> float:
-    """The best TFLOP/s of `repeats` (n, n) × (n, n) products in `precision` (bf16 under autocast, as the timed
-    steps) on random data, after one untimed product. n: 8192 on a GPU, 2048 on a CPU."""
-    n = n or (8192 if device.type == "cuda" else 2048)
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, generator=g)
-    b = torch.randn(n, n, device=device, generator=g)
-    best = float("inf")
-    with _autocast(device, precision):
-        for i in range(repeats + 1):
-            _sync(device)
-            t0 = time.perf_counter()
-            a @ b
-            _sync(device)
-            if i:
-                best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e12
-
-
 def peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
     """(peak TFLOP/s, where it comes from) for `precision` on `device`: `PEAK_TFLOPS` for a known GPU, otherwise
     `measured_peak_tflops`."""
@@ -118,19 +89,6 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
         if known:
             return known, f"datasheet ({key})"
     return round(measured_peak_tflops(device, precision), 2), "measured (large matrix product)"
-
-
-def count_flops(step) -> int:
-    """FLOPs of one call of `step` (matrix products and attention, `torch.utils.flop_counter`), with the eager
-    attention kernel (see the module docstring)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from repro.nn.attention import attention_kernel
-
-    counter = FlopCounterMode(display=False)
-    with attention_kernel("eager"), counter:
-        step()
-    return counter.get_total_flops()
 
 
 def environment(device: torch.device) -> dict:
@@ -183,11 +141,11 @@ def _profiled(step, batches, dev, top: int) -> tuple[list[dict], float | None]:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profiler(activities=acts) as prof:
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         for x, y in batches:
             step(x, y)
-        _sync(dev)
+        sync(dev)
         wall = time.perf_counter() - t0
     busy = None
     if dev.type == "cuda":
@@ -232,7 +190,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         module.eval()
         if lengths.mem_len > 0:  # time the steady state: a memory already full, as after the first segments
             prime, _ = _tokens(dm, b * lengths.mem_len, vocab=module.n_token, generator=g)
-            with torch.inference_mode(), _autocast(dev, precision):
+            with torch.inference_mode(), autocast(dev, precision):
                 _, mems = module(prime.view(b, -1).to(dev), None, MemorySettings(mem_len=lengths.mem_len),
                                  kv_memory=kv)
                 mems = [m.clone() for m in mems]  # see `graphs` below
@@ -242,7 +200,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         if train:
-            with _autocast(dev, precision):
+            with autocast(dev, precision):
                 hidden, mems = module(x, mems, lengths)
                 if graphs:
                     mems = [m.clone() for m in mems]
@@ -255,7 +213,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
             opt.step()
             opt.zero_grad(set_to_none=True)
         else:
-            with torch.inference_mode(), _autocast(dev, precision):
+            with torch.inference_mode(), autocast(dev, precision):
                 hidden, mems = module(x, mems, lengths, kv_memory=kv)
                 if graphs:
                     mems = [m.clone() for m in mems]
@@ -275,13 +233,13 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
                 saved = mems
                 flops = count_flops(lambda: step(x, y))
                 mems = saved
-            with torch.no_grad(), _autocast(dev, precision), TensorPeak() as tracker:
+            with torch.no_grad(), autocast(dev, precision), TensorPeak() as tracker:
                 module(x, mems, lengths, kv_memory=kv)
             break
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         step(x, y)
-        _sync(dev)
+        sync(dev)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
@@ -307,27 +265,27 @@ def _slowdown(module, dm, dev, precision, steps, warmup, lengths, segment, g, ba
     for L in lengths:
         tokens, source = _tokens(dm, L + segment * (warmup + steps + 1) + 1, vocab=module.n_token, generator=g)
         tokens = tokens.to(dev)[None]
-        with torch.inference_mode(), _autocast(dev, precision):
+        with torch.inference_mode(), autocast(dev, precision):
             # memory reuse: fill a memory of L positions, then time segments of `segment` tokens
             mems = None
             _, mems = module(tokens[:, :L], mems, MemorySettings(mem_len=L))
             mem_times = []
             for i in range(warmup + steps):
                 x = tokens[:, L + i * segment : L + (i + 1) * segment]
-                _sync(dev)
+                sync(dev)
                 t0 = time.perf_counter()
                 _, mems = module(x, mems, MemorySettings(mem_len=L, same_length=True))
-                _sync(dev)
+                sync(dev)
                 if i >= warmup:
                     mem_times.append((time.perf_counter() - t0) / segment)
             # vanilla: one full window of L tokens per predicted token
             van_times = []
             for i in range(warmup + steps):
                 x = tokens[:, i : i + L]
-                _sync(dev)
+                sync(dev)
                 t0 = time.perf_counter()
                 module(x, None, MemorySettings())
-                _sync(dev)
+                sync(dev)
                 if i >= warmup:
                     van_times.append(time.perf_counter() - t0)
         m, v = statistics.median(mem_times), statistics.median(van_times)
