@@ -3,8 +3,10 @@
 
 - `download`: checksummed, resumable, atomic downloads of the papers' sources; `mirror`: a loopback mirror of those
   sources in their real formats, for the rehearsal and the download tests;
-- `bench`: speed, model-FLOPs utilisation and memory of a config's model (`repro bench`); `memtrack`: the peak of
-  the tensors a forward pass creates; `rss`: a process's peak resident memory;
+- `bench`: speed, model-FLOPs utilisation and memory of a config's model (`repro bench`); `sidebyside`: the papers'
+  models against the authors' code, in turns (`repro bench-*-authors`); `timing`: the clock, precision and FLOP
+  count both use; `memtrack`: the peak of the tensors a forward pass creates; `rss`: a process's peak resident
+  memory;
 - `allocator`: the memory-allocator policy of `repro` processes.
 
 The command line (`repro.cli`) drives both; nothing in the research core imports this package except the data
