@@ -61,6 +61,7 @@ from torch import nn
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
 from repro.nn.attention import (RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances,
                                 sinusoid_table, softmax_lse)
+from repro.nn.dropout import dropout_matmul
 
 VARIANTS = ("disentangled", "txl", "disentangled_v2", "full")
 REFERENCE_ATTN_TYPE = {"disentangled": 3, "txl": 31, "disentangled_v2": 32, "full": 33}
@@ -118,8 +119,9 @@ class LaMemoAttention(RelPartialLearnableAttention):
         prob, lse = softmax_lse(scores.add_(bd_BHTK).add_(bias_TK))
         if self.record is not None:
             self.record.append(prob.detach())
-        prob = self.dropatt(prob)
-        return prob.to(v_BHKE.dtype) @ v_BHKE, lse
+        # dropout and the value product in one (`repro.nn.dropout.dropout_matmul`: a bool mask kept, not the dropped
+        # probabilities; same numbers)
+        return dropout_matmul(prob, v_BHKE, self.dropatt), lse
 
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         """The backbone's interface (Transformer-XL memory): (output, keys/values)."""
@@ -167,7 +169,7 @@ class LaMemoAttention(RelPartialLearnableAttention):
         if bias_MW is not None:
             scores = scores.add_(bias_MW[first:])
         prob, lse_new = softmax_lse(scores)  # (B, H, M, W), (B, H, M)
-        vec_new = (self.dropatt(prob).to(v_win.dtype) @ v_win).transpose(1, 2)  # (B, M, H, E)
+        vec_new = dropout_matmul(prob, v_win, self.dropatt).transpose(1, 2)  # (B, M, H, E)
         vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new, lse_new.transpose(1, 2))
         out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
         return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur

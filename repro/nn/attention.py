@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from repro.nn import blocked
-from repro.nn.dropout import Dropout
+from repro.nn.dropout import Dropout, dropout_matmul
 
 
 def sinusoid_table(pos_seq: torch.Tensor, d_model: int) -> torch.Tensor:
@@ -205,8 +205,9 @@ def attend(
     # is already 0 where the probability is), where masked_fill's backward fills the (B, H, T, K) gradient again
     scores = scores.add_(torch.zeros(mask_TK.shape, dtype=scores.dtype, device=scores.device)
                          .masked_fill_(mask_TK, float("-inf")))
-    prob = dropatt(torch.softmax(scores, dim=-1, dtype=torch.float32))
-    return prob.to(v_BHKE.dtype) @ v_BHKE
+    # dropout and the value product in one: the backward keeps the softmax's probabilities and a bool mask, not
+    # the dropped probabilities and a float mask beside them (`repro.nn.dropout`; same numbers)
+    return dropout_matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), v_BHKE, dropatt)
 
 
 class _MemoryAttention(nn.Module):
