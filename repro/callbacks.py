@@ -29,7 +29,8 @@
 - `MmapCheckpointIO`: Lightning's checkpoint I/O (every run's `plugins`), except that a local checkpoint is loaded
   memory-mapped: a test of the 841M-parameter One Billion Word model read its 10 GB checkpoint (weights and Adam's
   moments) into memory beside the trained model and peaked at 23.5 GB of this machine's 24; mapped, only the
-  pages read (the weights) come into memory.
+  pages read (the weights) come into memory. And it is saved straight to its file, where Lightning serialises it
+  into memory and copies that buffer before writing it (two copies of a 10 GB checkpoint beside the training state).
 """
 
 from __future__ import annotations
@@ -347,7 +348,24 @@ def step_progress_bar(name: str):
 
 
 class MmapCheckpointIO(TorchCheckpointIO):
-    """`TorchCheckpointIO` whose `load_checkpoint` maps a local file (`torch.load(mmap=True)`) instead of reading it."""
+    """`TorchCheckpointIO` whose `load_checkpoint` maps a local file (`torch.load(mmap=True)`) instead of reading it,
+    and whose `save_checkpoint` writes a local file as `torch.save` serialises it."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        """Lightning's `_atomic_save` serialises the whole checkpoint into a `BytesIO` and writes a copy of that
+        buffer (`getvalue()`): two copies of the checkpoint in memory at once, 6.6 GB beside the 24-layer enwik8
+        model's 4.4 GB of training state, 20 GB beside One Billion Word large's 13.5 GB (ended by the OOM killer,
+        issue 38). Here the archive goes to a temporary file beside `path` through a file object (no buffer; the
+        archive's record names fixed, as `repro.io.save_tensors` writes them), which replaces `path` once
+        complete. Remote (fsspec) paths keep Lightning's own way."""
+        import torch
+
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+        from repro.io import atomic_path
+
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
         import torch
