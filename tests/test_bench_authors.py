@@ -1,26 +1,35 @@
-"""The side-by-side harnesses of `repro bench-txl-authors`, `bench-lamemo-authors`, `bench-mgk-authors` and
-`bench-infinity-former-authors`, run on our models on both sides (the authors' code is not on this machine's test
-path): every code is timed in every round, the memory is carried through the timed segments and reset between runs,
-a missing checkout is one line, the MGK layer timed is the paper config's, and the ∞-former's sequence step is the
-sorting module's."""
+"""The side-by-side commands `repro bench-txl-authors`, `bench-lamemo-authors`, `bench-mgk-authors` and
+`bench-infinity-former-authors` (the papers' parts over `repro.ops.sidebyside`, whose own tests are
+tests/test_sidebyside.py), run on our models on both sides (the authors' code is not on this machine's test path):
+every code is timed in every round, the memory is carried through the timed segments and reset between runs, a
+missing checkout is one line, every command takes the shared options, the MGK layer timed is the paper config's,
+and the ∞-former's sequence step is the sorting module's."""
+
+from functools import partial
 
 import pytest
 import torch
 
 from papers.lamemo.model import LaMemo, LaMemoConfig
-from papers.transformer_xl.bench_authors import _Ours, interleaved, token_stream
+from papers.transformer_xl.bench_authors import build, ours, stream_of
 from papers.transformer_xl.model import TransformerXLConfig
+from repro.ops.sidebyside import SegmentCode, interleaved, interleaved_processes, product_flops, token_stream
 
 SHAPE = dict(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=30, batch=2, tgt=4, mem=4, dropout=0.1)
+MODULES = ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors", "papers.mgk.bench_authors",
+           "papers.infinity_former.bench_authors"]
+
+
+def stream(n: int):
+    return token_stream(**stream_of(SHAPE), segments=n)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_every_code_is_timed_every_round_with_its_memory(mode):
     torch.manual_seed(0)
     cfg = TransformerXLConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=30)
-    codes = {"txl": _Ours(SHAPE, mode), "lamemo": _Ours(SHAPE, mode, model=LaMemo(cfg, LaMemoConfig()),
-                                                          kv_memory=False)}
-    speeds = interleaved(codes, token_stream(SHAPE, 3), mode=mode, precision="32", rounds=2, steps=2, warmup=1)
+    codes = {"txl": ours(SHAPE, mode), "lamemo": SegmentCode(LaMemo(cfg, LaMemoConfig()), mem_len=SHAPE["mem"])}
+    speeds = interleaved(codes, stream(3), mode=mode, precision="32", rounds=2, steps=2, warmup=1)
     assert {k: len(v) for k, v in speeds.items()} == {"txl": 2, "lamemo": 2}
     assert all(v > 0 for vs in speeds.values() for v in vs)
     mems = codes["txl"].mems  # after 3 segments of 4 tokens, the memory holds mem_len = 4 positions
@@ -28,26 +37,26 @@ def test_every_code_is_timed_every_round_with_its_memory(mode):
     assert codes["txl"].model.training == (mode == "train")
 
 
-@pytest.mark.parametrize("module", ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors"])
-def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, tmp_path):
+@pytest.mark.parametrize("module, repository", [("papers.transformer_xl.bench_authors", "kimiyoung/transformer-xl"),
+                                                ("papers.lamemo.bench_authors", "thu-coai/LaMemo")])
+def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, repository, tmp_path):
     import importlib
 
-    with pytest.raises(SystemExit, match="has no pytorch/mem_transformer.py"):
-        importlib.import_module(module)._official(tmp_path)
+    with pytest.raises(SystemExit, match=f"has no pytorch/mem_transformer.py; pass a checkout of {repository}"):
+        importlib.import_module(module).official_module(tmp_path)
 
 
 def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
     """`interleaved_processes` (`bench-txl-authors`): every code is timed in every round, each in its own spawned
-    process, and `repro.ops.allocator`'s policy is in force in exactly the processes asked for (both codes are ours
-    here, so that no checkout is needed)."""
-    from papers.transformer_xl.bench_authors import interleaved_processes
-
-    speeds, params, policy, flops = interleaved_processes({"plain": ("ours", False), "kept": ("ours", True)}, None,
-                                                          SHAPE, mode="train", precision="32", rounds=2, steps=2,
-                                                          warmup=1, threads=1)
+    process built by the paper's `build`, and `repro.ops.allocator`'s policy is in force in exactly the processes
+    asked for (both codes are ours here, so that no checkout is needed)."""
+    codes = {"plain": (partial(build, "ours", None, SHAPE, "train"), False),
+             "kept": (partial(build, "ours", None, SHAPE, "train"), True)}
+    speeds, params, policy, flops = interleaved_processes(codes, stream=stream_of(SHAPE), mode="train",
+                                                          precision="32", rounds=2, steps=2, warmup=1, threads=1)
     assert {k: len(v) for k, v in speeds.items()} == {"plain": 2, "kept": 2}
     assert all(v > 0 for vs in speeds.values() for v in vs)
-    expected = sum(p.numel() for p in _Ours(SHAPE, "train").model.parameters())
+    expected = sum(p.numel() for p in ours(SHAPE, "train").model.parameters())
     assert params == {"plain": expected, "kept": expected}
     assert policy == {"plain": False, "kept": True}
     assert flops == {"plain": 172_544, "kept": 172_544}  # test_product_flops_count_each_product_of_a_step
@@ -63,24 +72,21 @@ def test_product_flops_count_each_product_of_a_step():
     projection's input gradient covers the memory's rows too (one product over the concatenation, whose backward
     then drops those rows: 8,192 of the step's FLOPs here; 2·B·M·2HE·D per layer: 2.3% of a step at the
     small benchmark shape, 3.2% at 41M)."""
-    from papers.transformer_xl.bench_authors import matmul_rate, product_flops
-
     eval_forward = 4096 + 8192 + 4096 + 3 * 2048 + 4096 + 16384 + 7680
     torch.manual_seed(0)
-    assert product_flops(_Ours(SHAPE, "eval"), token_stream(SHAPE, 3), mode="eval") == eval_forward
+    assert product_flops(ours(SHAPE, "eval"), stream(3), mode="eval") == eval_forward
     train_forward = eval_forward + 8192
     backward = 2 * train_forward - 4096  # both gradients of every product but W_kR's input gradient
-    code = _Ours(SHAPE, "train")
-    assert product_flops(code, token_stream(SHAPE, 3), mode="train") == train_forward + backward == 172_544
+    code = ours(SHAPE, "train")
+    assert product_flops(code, stream(3), mode="train") == train_forward + backward == 172_544
     assert code.mems is None and all(p.grad is None for p in code.model.parameters())  # left as found
-    assert matmul_rate("32", n=64, reps=1) > 0
 
 
 def test_mgk_checkout_without_the_model_file_and_unknown_configs_are_refused_in_one_line(tmp_path):
     from papers.mgk import bench_authors
 
     with pytest.raises(SystemExit, match="has no language-modeling/lmtool-fwms/src/mem_transformer.py"):
-        bench_authors._official(tmp_path)
+        bench_authors.official_module(tmp_path)
     with pytest.raises(SystemExit, match="--configs takes .*got wt103_linear8"):
         bench_authors.main(["--checkout", str(tmp_path), "--configs", "wt103_mgk4,wt103_linear8"])
 
@@ -100,8 +106,7 @@ def test_mgk_bench_times_the_paper_configs_layer(config):
         assert layer.attn.form == "lm_official"
 
 
-@pytest.mark.parametrize("module", ["papers.transformer_xl.bench_authors", "papers.lamemo.bench_authors",
-                                    "papers.mgk.bench_authors", "papers.infinity_former.bench_authors"])
+@pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("device, message", [("tpu:0", "is not a device"),
                                              ("meta", "only cpu and cuda are timed")]
                          + ([] if torch.cuda.is_available() else [("cuda", "sees no GPU")]))
@@ -111,6 +116,26 @@ def test_a_device_it_cannot_time_on_is_refused_in_one_line(module, device, messa
 
     with pytest.raises(SystemExit, match=message):
         importlib.import_module(module).main(["--checkout", str(tmp_path), "--device", device])
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_command_takes_the_shared_options_and_refuses_a_count_below_one(module, tmp_path, capsys):
+    """The options of `repro.ops.sidebyside.parser`, in every paper's command, and its checks before a checkout is
+    read (the checkout here is empty)."""
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--checkout", "--precision", "--rounds", "--steps", "--warmup", "--threads", "--device",
+                   "--output"):
+        assert option in out, option
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        main(["--checkout", str(tmp_path), "--rounds", "0"])
+    with pytest.raises(SystemExit, match="--warmup must be at least 0, got -1"):
+        main(["--checkout", str(tmp_path), "--warmup", "-1"])
 
 
 def test_infinity_former_bench_refuses_a_bad_checkout_or_config_in_one_line(tmp_path):

@@ -1,12 +1,12 @@
 """The ∞-former's cost against the authors' code, whole models side by side: `repro bench-infinity-former-authors`.
 
-Follows `papers.mgk.bench_authors` (both codes in one process, taking turns within each round, tokens/s per round)
-with the whole model of Figure 3: the official `MemTransformerLM` with the long-term memory (deep-spin/infinite-
-former `sorting/mem_transformer.py` and `long_term_attention.py`, imported from a checkout) and ours
-(`papers.infinity_former.model.InfinityFormer`), both built from one sorting config (`--config`; default the
-paper's `sort_8000_infty`: 3 layers of 300, 6 heads of 50, inner 300, dropout 0.1, segment = short-term memory =
-1,024, N = 1,024 basis functions, 512 update samples, batch 8). Theirs takes N from the config; its other LTM
-settings are hard-coded (τ 0.75, ridge 1, widths 0.01/0.05, 512 samples: the paper config's values).
+Follows `repro.ops.sidebyside` (the codes in one process, taking turns within each round, tokens/s per round), as
+`repro bench-mgk-authors` does, with the whole model of Figure 3: the official `MemTransformerLM` with the long-term
+memory (deep-spin/infinite-former `sorting/mem_transformer.py` and `long_term_attention.py`, imported from a
+checkout) and ours (`papers.infinity_former.model.InfinityFormer`), both built from one sorting config (`--config`;
+default the paper's `sort_8000_infty`: 3 layers of 300, 6 heads of 50, inner 300, dropout 0.1, segment = short-term
+memory = 1,024, N = 1,024 basis functions, 512 update samples, batch 8). Theirs takes N from the config; its other
+LTM settings are hard-coded (τ 0.75, ridge 1, widths 0.01/0.05, 512 samples: the paper config's values).
 
 One timed step is one training sequence as the official loop (`sorting/train.py`) runs it: an example of L symbols,
 the separator and the sorted output (L + 20 tokens) cut into segments; every segment but the last forward under
@@ -26,14 +26,13 @@ Three codes take turns: theirs as released, which runs with autograd's anomaly d
 
 Run-time shims only (`sorting_modules`, `official_sorting_model`, `load_official_gpt2`, `gpt2_shims`;
 tests/parity/make_infinity_former.py uses the same): `entmax` and two modules that `mem_transformer.py` imports but
-the release lacks are stand-ins; `torch.version.cuda` is set while importing (read by their adaptive softmax);
-`LongTermAttention.share_mask = False` and the model's `augment = True` (read, never set: the official defects the
-README lists); on a CPU their constructors' `.to('cuda')` is mapped to the CPU and their LTM's `device` attribute
-set to it. GPT-2: their
-`modeling_gpt2.py` (transformers 4.5) with its relative imports answered by the installed `transformers`,
-`init_weights` tying the output layer only (their `_init_weights` applied after) and `get_head_mask` giving no mask
-(both gone from the installed library).
-`--device cuda` puts both models on a GPU (the clock read with its queue drained; peak memory per code).
+the release lacks are stand-ins; `torch.version.cuda` is set while importing (read by their adaptive softmax,
+`sidebyside.checkout_on_path`); `LongTermAttention.share_mask = False` and the model's `augment = True` (read, never
+set: the official defects the README lists); on a CPU their constructors' `.to('cuda')` is mapped to the CPU and
+their LTM's `device` attribute set to it. GPT-2: their `modeling_gpt2.py` (transformers 4.5) with its relative
+imports answered by the installed `transformers`, `init_weights` tying the output layer only (their `_init_weights`
+applied after) and `get_head_mask` giving no mask (both gone from the installed library). `--device cuda` puts both
+models on a GPU (the clock read with its queue drained; peak memory per code).
 """
 
 from __future__ import annotations
@@ -43,15 +42,23 @@ import itertools
 import json
 import statistics
 import sys
-import time
 import types
 import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+import yaml
 
-from papers.transformer_xl.bench_authors import _sync, check_device, device_name
+from papers.infinity_former.hooks import MemoryHook
+from papers.infinity_former.ltm import LTMConfig
+from papers.infinity_former.model import InfinityFormer
+from papers.transformer_xl.model import TransformerXLConfig
+from repro.ops import sidebyside
+from repro.ops.sidebyside import per_round
+from repro.ops.timing import autocast
+
+PROG = "repro bench-infinity-former-authors"
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "infinity_former" / "paper" / "sort_8000_infty.yaml"
@@ -88,40 +95,26 @@ def stub_entmax() -> None:
 @contextmanager
 def sorting_modules(checkout: Path):
     """Their `sorting/` modules (`long_term_attention`, `mem_transformer`) importable inside the block, forgotten
-    after it (a Transformer-XL or LaMemo checkout has modules of the same names)."""
-    source = Path(checkout).resolve() / "sorting"
-    if not (source / "mem_transformer.py").is_file():
-        raise SystemExit(f"repro bench-infinity-former-authors: {checkout} has no sorting/mem_transformer.py; "
-                         "pass a checkout of deep-spin/infinite-former with --checkout")
-    stub_entmax()
-    stubs = ("attention", "long_term_attention_transformer")  # imported by mem_transformer.py, not released
-    for name in stubs:
-        stub = types.ModuleType(name)
-        stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
-        sys.modules[name] = stub
-    before = set(sys.modules)
-    paths = [str(source), str(source / "utils")]
-    sys.path[:0] = paths
-    cuda_version = torch.version.cuda
-    torch.version.cuda = cuda_version or "10.0"  # read at import by their utils/proj_adaptive_softmax.py
-    anomaly = torch.is_anomaly_enabled()  # their continuous_softmax.py turns anomaly detection on at import
-    try:
-        try:
-            import long_term_attention as lta  # noqa: PLC0415
-            import mem_transformer as mt  # noqa: PLC0415
-        finally:
-            torch.version.cuda = cuda_version
-        lta.LongTermAttention.share_mask = False  # read by their constructor, never set (official defect)
-        yield lta, mt
-    finally:
-        torch.autograd.set_detect_anomaly(anomaly)
-        for p in paths:
-            sys.path.remove(p)
-        for name in set(sys.modules) - before:
-            if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(str(source)):
-                del sys.modules[name]
+    after it (`sidebyside.checkout_on_path`: a Transformer-XL or LaMemo checkout has modules of the same names),
+    with stand-ins for `entmax` and for the two modules `mem_transformer.py` imports but the release lacks."""
+    with sidebyside.checkout_on_path(PROG, checkout, repository="deep-spin/infinite-former",
+                                     folders=("sorting", "sorting/utils"), module="mem_transformer"):
+        stub_entmax()
+        stubs = ("attention", "long_term_attention_transformer")
         for name in stubs:
-            sys.modules.pop(name, None)
+            stub = types.ModuleType(name)
+            stub.ContinuousAttention = stub.LongTermAttentionTransformer = None
+            sys.modules[name] = stub
+        anomaly = torch.is_anomaly_enabled()  # their continuous_softmax.py turns anomaly detection on at import
+        try:
+            lta = importlib.import_module("long_term_attention")
+            mt = importlib.import_module("mem_transformer")
+            lta.LongTermAttention.share_mask = False  # read by their constructor, never set (official defect)
+            yield lta, mt
+        finally:
+            torch.autograd.set_detect_anomaly(anomaly)
+            for name in stubs:
+                sys.modules.pop(name, None)
 
 
 def official_sorting_model(lta, mt, *, n_layer: int, n_head: int, d_head: int, d_inner: int, dropout: float,
@@ -200,16 +193,17 @@ DEFAULT_GPT2_CONFIG = ROOT / "configs" / "infinity_former" / "paper" / "gpt2_wt1
 def load_official_gpt2(checkout: Path, copy: str):
     """Their `modeling_gpt2.py` (`copy`: a key of GPT2_DIRS) with its `...` imports answered by the installed
     `transformers`; returns (the module, the package root it was imported under)."""
-    import transformers.activations  # noqa: PLC0415
-    import transformers.configuration_utils  # noqa: PLC0415
-    import transformers.modeling_outputs  # noqa: PLC0415
-    import transformers.modeling_utils  # noqa: PLC0415
-    import transformers.pytorch_utils  # noqa: PLC0415
-    import transformers.utils  # noqa: PLC0415
+    # transformers is imported for --model gpt2_lm only: seconds that the sorting model does not need
+    import transformers.activations
+    import transformers.configuration_utils
+    import transformers.modeling_outputs
+    import transformers.modeling_utils
+    import transformers.pytorch_utils
+    import transformers.utils
 
     folder = Path(checkout) / GPT2_DIRS[copy]
     if not (folder / "modeling_gpt2.py").is_file():
-        raise SystemExit(f"repro bench-infinity-former-authors: {checkout} has no {GPT2_DIRS[copy]}/modeling_gpt2.py; "
+        raise SystemExit(f"{PROG}: {checkout} has no {GPT2_DIRS[copy]}/modeling_gpt2.py; "
                          "pass a checkout of deep-spin/infinite-former with --checkout")
 
     def decorator(*args, **kwargs):
@@ -248,7 +242,7 @@ def load_official_gpt2(checkout: Path, copy: str):
 def gpt2_shims():
     """While their GPT-2 is built: `init_weights` (transformers 4.5's name) ties the output layer to the input
     embedding and draws nothing; `get_head_mask` gives no mask (both gone from the installed transformers)."""
-    import transformers.modeling_utils  # noqa: PLC0415
+    import transformers.modeling_utils
 
     pretrained = transformers.modeling_utils.PreTrainedModel
     saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
@@ -294,14 +288,12 @@ def official_gpt2_lm(checkout: Path, device: str = "cpu"):
 
 def our_gpt2_lm(path: Path, device: str):
     """Ours from a GPT-2 config (`configs/infinity_former/*/gpt2_*.yaml`) at GPT-2 small's shapes, random weights."""
-    import yaml  # noqa: PLC0415
-
-    from papers.infinity_former.gpt2 import PRETRAINED_SHAPES, GPT2Settings, GPT2WithMemory  # noqa: PLC0415
-    from papers.infinity_former.hooks import MemoryHook  # noqa: PLC0415
+    # imports Lightning and transformers: for --model gpt2_lm only
+    from papers.infinity_former.gpt2 import PRETRAINED_SHAPES, GPT2Settings, GPT2WithMemory
 
     init = yaml.safe_load(Path(path).read_text())["model"]["init_args"]
     if (init.get("memory_hook") or {}).get("kind") != "ltm":
-        raise SystemExit(f"repro bench-infinity-former-authors: {path} is not an ∞-former GPT-2 config "
+        raise SystemExit(f"{PROG}: {path} is not an ∞-former GPT-2 config "
                          "(model.init_args.memory_hook.kind: ltm)")
     m = init.get("model") or {}
     settings = GPT2Settings(pretrained=None, dropout=m.get("dropout", 0.1), **PRETRAINED_SHAPES["gpt2"])
@@ -315,12 +307,10 @@ def gpt2_blocks(n: int, block: int, device: str) -> list[torch.Tensor]:
 
 def read_config(path: Path) -> dict:
     """The sorting settings of a config (`configs/infinity_former/*/sort_*_infty*.yaml`)."""
-    import yaml  # noqa: PLC0415
-
     cfg = yaml.safe_load(Path(path).read_text())
     init = cfg["model"]["init_args"]
     if init.get("backbone") != "infinity_former" or not init.get("ltm"):
-        raise SystemExit(f"repro bench-infinity-former-authors: {path} is not an ∞-former sorting config "
+        raise SystemExit(f"{PROG}: {path} is not an ∞-former sorting config "
                          "(model.init_args.backbone: infinity_former with an ltm block)")
     data = cfg["data"]["init_args"]
     return {"model": init["model"], "ltm": init["ltm"], "mem_len": init["memory"]["mem_len"],
@@ -328,10 +318,6 @@ def read_config(path: Path) -> dict:
 
 
 def our_sorting_model(c: dict, device: str):
-    from papers.infinity_former.ltm import LTMConfig  # noqa: PLC0415
-    from papers.infinity_former.model import InfinityFormer  # noqa: PLC0415
-    from papers.transformer_xl.model import TransformerXLConfig  # noqa: PLC0415
-
     m = c["model"]
     cfg = TransformerXLConfig(n_layer=m["n_layer"], d_model=m["d_model"], n_head=m["n_head"], d_head=m["d_head"],
                               d_inner=m["d_inner"], n_token=N_TOKEN, dropout=m["dropout"], dropatt=m["dropatt"],
@@ -385,37 +371,23 @@ def step_ours(model, segments, mem_len: int) -> list:
 
 def interleave(codes: dict, device: torch.device, *, precision: str, rounds: int, steps: int, warmup: int,
                tokens_per_step: int) -> tuple[dict, dict, dict]:
-    """`codes`: name → (model, step() running one step, whether anomaly detection is on during it). Each code's
-    `warmup` steps (its peak memory on a GPU), then `rounds` rounds in which every code runs `steps` steps in turn.
-    Returns (tokens/s per code and round, ours / each other code per round, peak MiB per code on a GPU)."""
-    cast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    """`codes`: name → (model, step() running one step, whether anomaly detection is on during it), each step in
+    the precision, its gradients zeroed first (`sidebyside.interleaved_steps`: each code's warm-up, its peak memory
+    on a GPU, then the rounds). Returns (tokens/s per code and round, ours / each other code per round, peak MiB
+    per code on a GPU)."""
+    cast = autocast(device, precision)
 
-    def timed(name: str, n: int) -> float:
-        model, step, anomaly = codes[name]
-        _sync(device)
-        t0 = time.perf_counter()
-        with torch.autograd.set_detect_anomaly(anomaly):
-            for _ in range(n):
-                model.zero_grad(set_to_none=True)
-                with cast:
-                    step()
-        _sync(device)
-        return time.perf_counter() - t0
+    def whole(model, step, anomaly: bool):
+        def one() -> None:
+            model.zero_grad(set_to_none=True)
+            with torch.autograd.set_detect_anomaly(anomaly), cast:
+                step()
+        return one
 
-    peak = {}
-    for name in codes:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        timed(name, warmup)
-        if device.type == "cuda":
-            peak[name] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    speeds: dict[str, list[float]] = {name: [] for name in codes}
-    for _ in range(rounds):
-        for name in codes:
-            speeds[name].append(round(steps * tokens_per_step / timed(name, steps), 1))
-    ratio = {other: [round(o / t, 3) for o, t in zip(speeds["ours"], speeds[other])]
-             for other in codes if other != "ours"}
-    return speeds, ratio, peak
+    speeds, peak = sidebyside.interleaved_steps({name: whole(*code) for name, code in codes.items()}, device,
+                                                rounds=rounds, steps=steps, warmup=warmup,
+                                                tokens_per_step=tokens_per_step)
+    return speeds, {other: per_round(speeds["ours"], speeds[other]) for other in codes if other != "ours"}, peak
 
 
 def _row(model: str, config: Path, theirs, ours, their_anomaly: bool, timing: tuple, device: str, **settings) -> dict:
@@ -426,7 +398,7 @@ def _row(model: str, config: Path, theirs, ours, their_anomaly: bool, timing: tu
             "ours_over_median": {k: round(statistics.median(v), 3) for k, v in ratio.items()},
             "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
                            "ours": sum(p.numel() for p in ours.parameters())},
-            "peak_mib": peak or None, "device": device_name(device), "torch": torch.__version__}
+            "peak_mib": peak or None, "device": sidebyside.device_name(device), "torch": torch.__version__}
 
 
 def run(checkout: Path, *, config: Path = DEFAULT_CONFIG, precision: str = "32", batch: int | None = None,
@@ -500,55 +472,46 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
                 steps=steps, warmup=warmup)
 
 
+def describe(row: dict) -> str:
+    if row["model"] == "gpt2_lm":
+        shape = f"blocks of {row['segment']}"
+    else:
+        shape = f"batch {row['batch']} × {row['segments']} segments of {row['segment']}"
+    med = {k: statistics.median(v) for k, v in row["tokens_per_s"].items()}
+    r = row["ours_over"]
+    return (f"{Path(row['config']).stem} {row['precision']} {shape} on {row['device']}, tokens/s: theirs "
+            f"{med['theirs']:,.0f} (without their anomaly detection {med['theirs_no_anomaly']:,.0f}), "
+            f"ours {med['ours']:,.0f}; ours / theirs {min(r['theirs']):.2f}–{max(r['theirs']):.2f}× "
+            f"({min(r['theirs_no_anomaly']):.2f}–{max(r['theirs_no_anomaly']):.2f}× without it) "
+            f"over {row['rounds']} round{'s' if row['rounds'] > 1 else ''}")
+
+
 def main(argv: list[str]) -> None:
-    import argparse  # noqa: PLC0415
-
-    from repro.ops.allocator import keep_freed_memory  # noqa: PLC0415
-
-    p = argparse.ArgumentParser(prog="repro bench-infinity-former-authors", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkout", type=Path, required=True, help="a checkout of deep-spin/infinite-former")
+    p = sidebyside.parser(PROG, __doc__, repository="deep-spin/infinite-former", codes="both models", rounds=3,
+                          steps=None, warmup=None, steps_help="sequences (sorting; default 1) or blocks (gpt2_lm; "
+                          "default 4) per code and round", warmup_help="untimed steps per code first (default 1 / 2)")
     p.add_argument("--model", choices=["sorting", "gpt2_lm"], default="sorting",
                    help="Figure 3's sorting model or Table 1's GPT-2 with the LTM (default: %(default)s)")
     p.add_argument("--config", type=Path, help="an ∞-former sorting config, or GPT-2 config with --model gpt2_lm "
                    "(default: the paper's sort_8000_infty.yaml / gpt2_wt103_inftyformer.yaml)")
-    p.add_argument("--precision", choices=["32", "bf16"], default="32")
     p.add_argument("--batch", type=int, help="examples per sequence step (default: the config's)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, help="sequences (sorting; default 1) or blocks (gpt2_lm; default 4) per "
-                   "code and round")
-    p.add_argument("--warmup", type=int, help="untimed steps per code first (default 1 / 2)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both models on it")
-    p.add_argument("--output", type=Path, help="append the row (JSON line) to this file")
-    a = p.parse_args(argv)
-    gpt2 = a.model == "gpt2_lm"
-    a.config = a.config or (DEFAULT_GPT2_CONFIG if gpt2 else DEFAULT_CONFIG)
-    a.steps = a.steps or (4 if gpt2 else 1)
-    a.warmup = a.warmup if a.warmup is not None else (2 if gpt2 else 1)
-    if gpt2 and a.batch is not None:
-        raise SystemExit(f"{p.prog}: --batch is for the sorting model (Table 1's batch is 1 block)")
-    if not a.config.is_file():
-        raise SystemExit(f"{p.prog}: --config {a.config}: no such file")
-    for name in ("batch", "rounds", "steps", "threads"):
-        if getattr(a, name) is not None and getattr(a, name) < 1:
-            raise SystemExit(f"{p.prog}: --{name} must be at least 1, got {getattr(a, name)}")
-    check_device(p.prog, a.device)
-    keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
-    if gpt2:
-        row = run_gpt2(a.checkout, config=a.config, precision=a.precision, rounds=a.rounds, steps=a.steps,
-                       warmup=a.warmup, threads=a.threads, device=a.device)
-        shape = f"blocks of {row['segment']}"
-    else:
-        row = run(a.checkout, config=a.config, precision=a.precision, batch=a.batch, rounds=a.rounds, steps=a.steps,
-                  warmup=a.warmup, threads=a.threads, device=a.device)
-        shape = f"batch {row['batch']} × {row['segments']} segments of {row['segment']}"
-    med = {k: statistics.median(v) for k, v in row["tokens_per_s"].items()}
-    r = row["ours_over"]
-    print(f"{Path(row['config']).stem} {row['precision']} {shape} on {row['device']}, tokens/s: theirs "
-          f"{med['theirs']:,.0f} (without their anomaly detection {med['theirs_no_anomaly']:,.0f}), "
-          f"ours {med['ours']:,.0f}; ours / theirs {min(r['theirs']):.2f}–{max(r['theirs']):.2f}× "
-          f"({min(r['theirs_no_anomaly']):.2f}–{max(r['theirs_no_anomaly']):.2f}× without it) "
-          f"over {row['rounds']} round{'s' if row['rounds'] > 1 else ''}", flush=True)
-    if a.output:
-        with a.output.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+
+    def prepare(a) -> None:  # the defaults that depend on --model
+        gpt2 = a.model == "gpt2_lm"
+        a.config = a.config or (DEFAULT_GPT2_CONFIG if gpt2 else DEFAULT_CONFIG)
+        a.steps = a.steps or (4 if gpt2 else 1)
+        a.warmup = a.warmup if a.warmup is not None else (2 if gpt2 else 1)
+        if gpt2 and a.batch is not None:
+            raise SystemExit(f"{PROG}: --batch is for the sorting model (Table 1's batch is 1 block)")
+        if not a.config.is_file():
+            raise SystemExit(f"{PROG}: --config {a.config}: no such file")
+
+    def run_model(a) -> list[dict]:
+        if a.model == "gpt2_lm":
+            return [run_gpt2(a.checkout, config=a.config, precision=a.precision, rounds=a.rounds, steps=a.steps,
+                             warmup=a.warmup, threads=a.threads, device=a.device)]
+        return [run(a.checkout, config=a.config, precision=a.precision, batch=a.batch, rounds=a.rounds,
+                    steps=a.steps, warmup=a.warmup, threads=a.threads, device=a.device)]
+
+    # both codes in this process, under the policy of the `repro` command
+    sidebyside.main(p, argv, run_model, describe, prepare=prepare, keep_freed=True)

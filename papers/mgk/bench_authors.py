@@ -1,7 +1,7 @@
 """Transformer-MGK's cost against the authors' code, one decoder layer side by side: `repro bench-mgk-authors`.
 
-Follows `papers.lamemo.bench_authors` (the codes in turns within each round, tokens/s per round) at the layer
-level: the official WikiText-103 model (minhtannguyen/transformer-mgk `language-modeling/lmtool-fwms/src/
+Follows `repro.ops.sidebyside` (the codes in turns within each round, in one process, tokens/s per round) at the
+layer level: the official WikiText-103 model (minhtannguyen/transformer-mgk `language-modeling/lmtool-fwms/src/
 mem_transformer.py`, imported from a checkout and run unmodified) is 16 identical post-LN layers on absolute
 positions with no memory, so one `DecoderLayer` with its attention (`MultiHeadAttn` for softmax, `MGKAttn` for MGK
 and sMGK) and feed-forward at the paper configs' shapes (width 128, heads of 16, inner 2048, segment 256, dropout
@@ -9,7 +9,7 @@ and sMGK) and feed-forward at the paper configs' shapes (width 128, heads of 16,
 `lm_official`). Training step: forward, backward of the output's sum.
 
 Differs from the full-model benchmarks: no embedding, adaptive softmax or optimizer (the same in both codes up to
-what `papers.transformer_xl.bench_authors` measures). The linear variants (attn_type 34/400) are left out: the
+what `repro bench-txl-authors` measures). The linear variants (attn_type 34/400) are left out: the
 official code runs them through a CUDA kernel, which a CPU replaces by a Python loop (not the authors' speed).
 `--device cuda` puts both layers on a GPU (the clock read with its queue drained).
 
@@ -21,14 +21,24 @@ here), `pdb.set_trace` (called in `MultiHeadAttn.forward`) is a no-op, and the L
 
 from __future__ import annotations
 
-import json
+import importlib
 import pdb
 import sys
-import time
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+import yaml
+
+from papers.mgk.model import MGKLM, MGKConfig
+from papers.transformer_xl.model import TransformerXLConfig
+from repro.nn.attention import causal_mask
+from repro.ops import sidebyside
+from repro.ops.sidebyside import per_round
+from repro.ops.timing import autocast
+
+PROG = "repro bench-mgk-authors"
 
 # paper LM configs → official (attn_type, update_mode, n_head); model d_model 128, d_head 16, d_inner 2048
 PAPER_LM = {"wt103_softmax8": (2, None, 8), "wt103_linear8": (34, None, 8), "wt103_mgk4": (200, "rbf2keys", 4),
@@ -87,42 +97,27 @@ def official_lm_layer(mt, attn_type: int, mode: str | None, *, n_head: int, d_mo
 
 def our_lm_layer(config: str) -> torch.nn.Module:
     """The decoder layer of `configs/mgk/paper/<config>.yaml`'s model (one of its identical layers)."""
-    import yaml  # noqa: PLC0415
-    from dataclasses import replace  # noqa: PLC0415
-
-    from papers.mgk.model import MGKConfig, MGKLM  # noqa: PLC0415
-    from papers.transformer_xl.model import TransformerXLConfig  # noqa: PLC0415
-
     cfg = yaml.safe_load((ROOT / "configs/mgk/paper" / f"{config}.yaml").read_text())["model"]["init_args"]
     model = {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg["model"].items()}
     xl = replace(TransformerXLConfig(**model), n_layer=1, n_token=10, cutoffs=(), tie_projs=None)
     return MGKLM(xl, MGKConfig(**cfg["mgk"])).layers[0]
 
 
-def _official(checkout: Path):
-    source = checkout / "language-modeling" / "lmtool-fwms" / "src"
-    if not (source / "mem_transformer.py").is_file():
-        raise SystemExit(f"repro bench-mgk-authors: {checkout} has no language-modeling/lmtool-fwms/src/"
-                         "mem_transformer.py; pass a checkout of minhtannguyen/transformer-mgk with --checkout")
-    install_shims()
-    sys.modules.pop("mem_transformer", None)  # another checkout's module of the same name
-    sys.path.insert(0, str(source))
-    try:
-        import mem_transformer  # noqa: PLC0415
-    finally:
-        sys.path.remove(str(source))
-    return mem_transformer
+def official_module(checkout: Path):
+    """Their `language-modeling/lmtool-fwms/src/mem_transformer.py`, imported from the checkout with the shims of
+    `install_shims` (a bad checkout is refused in one line)."""
+    with sidebyside.checkout_on_path(PROG, checkout, repository="minhtannguyen/transformer-mgk",
+                                     folders=("language-modeling/lmtool-fwms/src",), module="mem_transformer"):
+        install_shims()
+        return importlib.import_module("mem_transformer")
 
 
 def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: int, rounds: int, steps: int,
         warmup: int, threads: int, device: str = "cpu") -> list[dict]:
-    from papers.transformer_xl.bench_authors import _sync, device_name  # noqa: PLC0415
-    from repro.nn.attention import causal_mask  # noqa: PLC0415
-
     torch.set_num_threads(threads)
-    mt = _official(checkout)
+    mt = official_module(checkout)
     dev = torch.device(device)
-    cast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    cast = autocast(dev, precision)
     mask_theirs = torch.triu(torch.ones(segment, segment, dtype=torch.bool, device=dev), diagonal=1)[:, :, None]
     mask_ours = causal_mask(segment, segment, device=dev)
     rows = []
@@ -147,61 +142,40 @@ def run(checkout: Path, *, configs=TIMED, precision: str, batch: int, segment: i
                 out, _ = ours(x, mem_BMD=None, mask_TK=mask_ours, pos=None)
             out.float().sum().backward()
 
-        speeds: dict[str, list[float]] = {"theirs": [], "ours": []}
-        for step in (step_theirs, step_ours):
-            for _ in range(warmup):
-                step()
-        for _ in range(rounds):
-            for name, step in (("theirs", step_theirs), ("ours", step_ours)):
-                _sync(dev)
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    step()
-                _sync(dev)
-                speeds[name].append(round(steps * batch * segment / (time.perf_counter() - t0), 1))
+        speeds, _ = sidebyside.interleaved_steps({"theirs": step_theirs, "ours": step_ours}, dev, rounds=rounds,
+                                                 steps=steps, warmup=warmup, tokens_per_step=batch * segment)
         rows.append({"config": config, "attn_type": attn_type, "update_mode": mode or "", "precision": precision,
                      "batch": batch, "segment": segment, "threads": threads, "rounds": rounds, "steps": steps,
                      "warmup": warmup, "tokens_per_s": speeds,
-                     "ours_over_theirs": [round(o / t, 3) for o, t in zip(speeds["ours"], speeds["theirs"])],
+                     "ours_over_theirs": per_round(speeds["ours"], speeds["theirs"]),
                      "parameters": {"theirs": sum(p.numel() for p in theirs.parameters()),
                                     "ours": sum(p.numel() for p in ours.parameters())},
-                     "device": device_name(device), "torch": torch.__version__})
+                     "device": sidebyside.device_name(device), "torch": torch.__version__})
     return rows
 
 
+def describe(row: dict) -> str:
+    s, r = row["tokens_per_s"], row["ours_over_theirs"]
+    return (f"{row['config']} {row['precision']}, batch {row['batch']} × {row['segment']}: theirs "
+            f"{min(s['theirs']):,.0f}–{max(s['theirs']):,.0f} tokens/s, ours {min(s['ours']):,.0f}–"
+            f"{max(s['ours']):,.0f}, ours / theirs {min(r):.2f}–{max(r):.2f}")
+
+
 def main(argv: list[str]) -> None:
-    import argparse  # noqa: PLC0415
-
-    from repro.ops.allocator import keep_freed_memory  # noqa: PLC0415
-
-    p = argparse.ArgumentParser(prog="repro bench-mgk-authors", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkout", type=Path, required=True, help="a checkout of minhtannguyen/transformer-mgk")
+    p = sidebyside.parser(PROG, __doc__, repository="minhtannguyen/transformer-mgk", codes="both layers", rounds=3,
+                          steps=4, warmup=2)
     p.add_argument("--configs", default=",".join(TIMED), help=f"comma-separated, of {', '.join(TIMED)}")
-    p.add_argument("--precision", choices=["32", "bf16"], default="32")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--segment", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: both layers on it")
-    p.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
-    a = p.parse_args(argv)
-    configs = [c for c in a.configs.split(",") if c]
-    bad = [c for c in configs if c not in TIMED]
-    if bad:
-        raise SystemExit(f"repro bench-mgk-authors: --configs takes {', '.join(TIMED)}; got {', '.join(bad)}")
-    from papers.transformer_xl.bench_authors import check_device  # noqa: PLC0415
 
-    check_device(p.prog, a.device)
-    keep_freed_memory()  # both codes in this process, under the policy of the `repro` command
-    rows = run(a.checkout, configs=configs, precision=a.precision, batch=a.batch, segment=a.segment,
-               rounds=a.rounds, steps=a.steps, warmup=a.warmup, threads=a.threads, device=a.device)
-    for row in rows:
-        if a.output:
-            with a.output.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        s, r = row["tokens_per_s"], row["ours_over_theirs"]
-        print(f"{row['config']} {a.precision}, batch {a.batch} × {a.segment}: theirs "
-              f"{min(s['theirs']):,.0f}–{max(s['theirs']):,.0f} tokens/s, ours {min(s['ours']):,.0f}–"
-              f"{max(s['ours']):,.0f}, ours / theirs {min(r):.2f}–{max(r):.2f}", flush=True)
+    def prepare(a) -> None:
+        a.configs = [c for c in a.configs.split(",") if c]
+        bad = [c for c in a.configs if c not in TIMED]
+        if bad:
+            raise SystemExit(f"{PROG}: --configs takes {', '.join(TIMED)}; got {', '.join(bad)}")
+
+    # both codes in this process, under the policy of the `repro` command
+    sidebyside.main(p, argv, lambda a: run(a.checkout, configs=a.configs, precision=a.precision, batch=a.batch,
+                                           segment=a.segment, rounds=a.rounds, steps=a.steps, warmup=a.warmup,
+                                           threads=a.threads, device=a.device), describe,
+                    prepare=prepare, keep_freed=True)

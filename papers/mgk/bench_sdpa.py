@@ -11,18 +11,19 @@ of the keys, training step of the layer alone (forward and backward), no dropout
   repeated R times (Σ_r P_rj v_j = Σ_(r,j) P_rj v_j).
 Each SDPA form is checked first against ours (eval mode, the relative max difference printed), then timed. Not a
 replacement in the models: with dropout the SDPA kernel draws its masks differently, and the LRA numbers would move
-at rounding level. Prints one line per length and precision.
+at rounding level. Prints one line per length and precision. Timed with `repro.ops.timing` (the clock read with a
+GPU's queue drained, bf16 as autocast), as the side-by-side benchmarks are.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
 from papers.mgk.attention import MGKAttention, SoftmaxAttention
+from repro.ops.timing import autocast, timed
 
 D_MODEL, D_HEAD = 64, 32
 
@@ -84,16 +85,10 @@ def main(argv: list[str]) -> None:
     if not lengths or min(lengths) < 8 or args.batch < 1 or args.steps < 1:
         raise ValueError("--lengths ≥ 8 tokens each, --batch and --steps ≥ 1")
 
-    def timeit(fn) -> float:
-        for i in range(args.warmup + args.steps):
-            if i == args.warmup:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                t0 = time.perf_counter()
+    def timeit(fn) -> float:  # ms per step
+        for _ in range(args.warmup):
             fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return (time.perf_counter() - t0) / args.steps * 1e3
+        return timed(fn, args.steps, dev) / args.steps * 1e3
 
     torch.manual_seed(0)
     for t in lengths:
@@ -106,7 +101,7 @@ def main(argv: list[str]) -> None:
                 ref = m(h, mask_TK=mask)[0]
                 diff[name] = ((f(m, h, mask) - ref).abs().max() / ref.abs().max()).item()
         for prec in ("fp32", "bf16"):
-            amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=prec == "bf16")
+            amp = autocast(dev, "bf16" if prec == "bf16" else "32")
 
             def step(fn):
                 def go():

@@ -24,7 +24,6 @@ memories after every segment (the n_layer layer inputs, (n_layer, M, B, D)), and
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,6 +31,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
+from repro.ops.sidebyside import byte_masks_as_bool as shims  # noqa: E402  (the benchmark's shim, the same)
 from tests.parity.common import checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
 
 OUT = HERE / "transformer_xl"
@@ -67,16 +67,6 @@ GRAD_CASES = {
     "grad_adaptive_div2": dict(model=dict(attn_type=0, n_token=30, cutoffs=[10, 20], div_val=2,
                                           tie_projs=[False, True, False]), tgt=4, mem=6, segments=4),
 }
-
-
-@contextmanager
-def shims():
-    byte = torch.Tensor.byte
-    torch.Tensor.byte = lambda self: self.bool()
-    try:
-        yield
-    finally:
-        torch.Tensor.byte = byte
 
 
 def import_official(checkout: Path):
