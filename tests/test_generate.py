@@ -29,6 +29,7 @@ def _full_context_greedy(model, prompt, steps, window=None):
     return seq[:, prompt.shape[1]:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [TransformerXL, HiddenStateMemoryXL])
 def test_memory_carrying_greedy_generation_equals_full_context_recomputation(cls):
     torch.manual_seed(3)
@@ -44,6 +45,7 @@ def test_memory_carrying_greedy_generation_equals_full_context_recomputation(cls
     assert torch.equal(ours, ref)
 
 
+@pytest.mark.slow
 def test_window_model_generation_recomputes_the_last_window():
     torch.manual_seed(4)
     cfg = TransformerXLConfig(**(SMALL | {"attention": "absolute"}))
@@ -99,6 +101,7 @@ def test_prompt_encoding_word_and_char():
         encode_prompt("z", chars, "char")
 
 
+@pytest.mark.slow
 def test_repro_generate_command(tmp_path, root, monkeypatch, capsys):
     from repro.cli import commands
     from repro.cli.cli import build

@@ -505,6 +505,7 @@ def test_resume_restores_the_compressed_memory(dog, tmp_path):
         assert resumed.losses[step] == pytest.approx(straight.losses[step], rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_compressive_dialogue_config_fits_and_tests_through_the_cli(dog, root, tmp_path, monkeypatch):
     from repro.cli.entry import main
 

@@ -87,7 +87,8 @@ def _reference_read(mu, var, v, mu_N, sig_N):
     return expected_basis(mu, var, mu_N, sig_N) @ v  # autograd through the closed form and a matrix product
 
 
-@pytest.mark.parametrize("block", [1 << 18, 40, 7])  # one block; several head-batches each; slices of one
+# one block (every element by finite differences: the slow tier); several head-batches each; slices of one
+@pytest.mark.parametrize("block", [pytest.param(1 << 18, marks=pytest.mark.slow), 40, 7])
 def test_continuous_read_equals_autograd_through_the_closed_form(monkeypatch, block):
     """`continuous_read` (blocked, E_p[ψ] rebuilt in the backward, closed-form gradient) gives the output and the
     gradients (μ, σ², V) of autograd through `expected_basis(…) @ V`, in float64, for every blocking."""

@@ -39,16 +39,19 @@ def measured_growth(ltm: dict, n_new: int, updates: int = 60) -> float:
     (dict(n_basis=1024, n_samples=512, grid="official"), 1024),  # the paper's sorting
     (dict(n_basis=512, n_samples=512, widths=[0.005, 0.01], ridge=0.5, tau=0.5, grid="official"), 512),  # GPT-2
 ])
+@pytest.mark.slow
 def test_gain_is_the_measured_growth_per_update(ltm, n_new):
     gain = update_gain(ltm, n_new)
     assert measured_growth(ltm, n_new) == pytest.approx(gain, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_paper_configs_fade_and_the_small_profile_grows():
     assert update_gain(dict(n_basis=1024, n_samples=512, grid="official"), 1024) < 0.6
     assert update_gain(dict(n_basis=32, n_samples=16), 64) > 5
 
 
+@pytest.mark.slow
 def test_command_reports_each_config():
     out = subprocess.run([sys.executable, "-m", "repro", "ltm-gain", "configs/infinity_former/small/sort_512_infty.yaml",
                           "configs/infinity_former/paper/sort_8000_infty.yaml", "configs/infinity_former/paper/sort_8000_txl.yaml"],
@@ -59,6 +62,7 @@ def test_command_reports_each_config():
     assert out[2].endswith("no long-term memory")
 
 
+@pytest.mark.slow
 def test_command_refuses_a_missing_config():
     res = subprocess.run([sys.executable, "-m", "repro", "ltm-gain", "configs/nope.yaml"], cwd=ROOT,
                          capture_output=True, text=True)

@@ -332,6 +332,7 @@ def _run(tmp_path, *, crash_at=None, ckpt_path=None):
     return rec, module
 
 
+@pytest.mark.slow
 def test_memory_states_and_normalisers_survive_checkpoint_and_resume(tmp_path):
     straight, _ = _run(tmp_path / "a")
     _run(tmp_path / "b", crash_at=7)  # checkpoint at step 5, killed during step 8

@@ -48,6 +48,7 @@ def _member(path: Path, name: str) -> bytes:
         return zf.read(name)
 
 
+@pytest.mark.slow
 def test_server_loopback_range_and_idle_stop(mirror, tmp_path):
     root, server, _ = mirror
     assert server.url.startswith("http://127.0.0.1:")

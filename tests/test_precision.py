@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from repro import precision
@@ -75,6 +76,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_emulated_bf16_products_round_like_pytorchs_own_kernels():
     res = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

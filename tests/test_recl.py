@@ -100,6 +100,7 @@ def test_memory_losses_with_a_long_context_equal_one_full_pass():
     assert not np.allclose(short, ours)
 
 
+@pytest.mark.slow
 def test_repro_recl_command(tmp_path, root, monkeypatch, capsys):
     from repro.cli import commands
     from repro.cli.cli import build

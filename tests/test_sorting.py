@@ -163,6 +163,7 @@ def _fit(tmp_path, data_root, *, crash_at=None, ckpt_path=None, every=None):
     return rec.losses, module, trainer
 
 
+@pytest.mark.slow
 def test_memory_survives_checkpoint_and_resume(tmp_path):
     """A checkpoint taken in the middle of an example holds the LTM; resuming from it continues the example with
     that memory and reproduces the uninterrupted run's losses."""
@@ -184,6 +185,7 @@ def test_memory_survives_checkpoint_and_resume(tmp_path):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_evaluation_reports_accuracy_and_regression_error(tmp_path):
     _, module, trainer = _fit(tmp_path, tmp_path / "data")
     out = trainer.test(module, datamodule=trainer.datamodule, verbose=False)[0]
@@ -191,6 +193,7 @@ def test_evaluation_reports_accuracy_and_regression_error(tmp_path):
     assert out["test/regression_error"] >= 0
 
 
+@pytest.mark.slow
 def test_bench_compare_times_the_models_in_turns():
     """`repro bench --compare`: every model once per round, in the given order, each row relative to the round's
     first model (its own tokens/s over the first's)."""
@@ -207,6 +210,7 @@ def test_bench_compare_times_the_models_in_turns():
         assert second["mode"] == "eval" and second["parameters"] > first["parameters"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("official", [False, True])
 def test_official_optimiser_steps_after_every_segment(tmp_path, official):
     """`step_every_segment` reproduces `sorting/train.py` under its torch 1.9: `optimizer.step()` after every

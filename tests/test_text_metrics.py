@@ -146,6 +146,7 @@ def test_meteor_without_wordnet_stops(monkeypatch, tmp_path):
     assert T.corpus_scores(["a cat"], ["a cat"], with_meteor=False)["f1"] == pytest.approx(100.0)
 
 
+@pytest.mark.slow
 def test_wordnet_from_the_pypi_package_is_arranged_as_an_nltk_corpus(monkeypatch, tmp_path):
     import nltk
 
