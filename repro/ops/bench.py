@@ -160,11 +160,7 @@ def _profiled(step, batches, dev, top: int) -> tuple[list[dict], float | None]:
 def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, base, *, compile: bool | str,
            mfu: bool, optimizer: str, profile: int = 0) -> list[dict]:
     model = module.model
-    mode = base["mode"]
-    if mode == "slowdown":
-        return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512], segment,
-                         g, base)
-    train = mode == "train"
+    train = base["mode"] == "train"
     b = batch_size or (dm.batch_size if train else dm.eval_batch_size)
     t = tgt_len or (dm.tgt_len if train else dm.eval_tgt_len)
     lengths: MemorySettings = module.memory if train else module.eval_memory
@@ -259,7 +255,6 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
 
 
 def _slowdown(module, dm, dev, precision, steps, warmup, lengths, segment, g, base) -> list[dict]:
-    model = module.model
     module.eval()
     out = []
     for L in lengths:
