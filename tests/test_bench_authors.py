@@ -46,6 +46,7 @@ def test_a_checkout_without_the_model_file_is_refused_in_one_line(module, reposi
         importlib.import_module(module).official_module(tmp_path)
 
 
+@pytest.mark.slow
 def test_each_code_is_timed_in_its_own_process_with_its_allocator_policy():
     """`interleaved_processes` (`bench-txl-authors`): every code is timed in every round, each in its own spawned
     process built by the paper's `build`, and `repro.ops.allocator`'s policy is in force in exactly the processes
