@@ -116,7 +116,7 @@ def test_compiled_model_evaluates_as_the_eager_one(mode):
 def test_run_compile_and_attention_options_reach_the_model(monkeypatch):
     """`--run.compile` compiles the module's units before the run starts, `cudagraphs` in torch.compile's
     reduce-overhead mode; `--run.attention` sets the attention kernel; both are off (eager, auto) by default."""
-    from repro.cli.cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI
     from repro.nn import attention
 
     seen = {}

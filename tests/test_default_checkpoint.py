@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.cli.cli import default_checkpoint
+from repro.cli.checkpoints import default_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs/transformer_xl/tiny/enwik8_12l.yaml")

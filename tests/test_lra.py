@@ -418,7 +418,7 @@ def test_saved_activation_bytes_leaves_no_saved_tensor_alive():
 def test_tiny_lra_fit_through_the_cli(tmp_path, monkeypatch, root, capsys):
     """A fit through the Lightning CLI; its summary line shows a classifier's accuracy and loss, not the ppl and bpc
     it logs for the curves (found on the GPU's LRA runs: `val bpc 3.272` for an image classifier)."""
-    from repro.cli.cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI
 
     monkeypatch.chdir(root)
     monkeypatch.setattr("sys.argv", ["repro"])

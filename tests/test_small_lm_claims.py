@@ -19,7 +19,7 @@ from repro.tables import Results
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPERS = ("transformer_xl", "lamemo", "mgk")
-DEFAULT_SEED = 1111  # repro/cli.py SEED: the seed of an unseeded `repro runs` spec
+DEFAULT_SEED = 1111  # repro/cli/lightning_cli.py SEED: the seed of an unseeded `repro runs` spec
 
 
 def run_spec(spec: str) -> tuple[str, str | None, int | None]:

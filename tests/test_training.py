@@ -220,7 +220,7 @@ def test_steps_check_every_step_before_running_any(capsys):
 def test_run_callbacks_join_the_configured_ones(root, tmp_path, monkeypatch):
     """`--run.curves` (which `repro runs` always passes) once replaced `--trainer.callbacks`: a user's
     EarlyStopping or ModelCheckpoint silently disappeared. Ours are added to the configured ones."""
-    from repro.cli.cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI
 
     seen = {}
     monkeypatch.setattr(ReproCLI, "_run_subcommand",

@@ -61,7 +61,7 @@ def data_module(config_paths: list[str]):
     from jsonargparse import ArgumentParser
     from lightning.pytorch import LightningDataModule
 
-    from repro.cli.cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI
 
     class DataOnly(ReproCLI):
         def instantiate_classes(self) -> None:

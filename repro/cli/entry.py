@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("REPRO_DEBUG"):
             raise
         if isinstance(err, ArgumentError):
-            from repro.cli.cli import error_line
+            from repro.cli.errors import error_line
 
             err = error_line(err)
         print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)

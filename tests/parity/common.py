@@ -112,7 +112,7 @@ def parsed_config(*configs: str) -> dict:
     """The parse of `repro fit -c CONFIG [-c EVAL]` (paths from the repository root; no class instantiated), as a flat
     dict of dotted keys without `init_args` (`model.n_layer`, `model.optim.lr`, `data.batch_size`, `trainer.max_steps`):
     what a run of these configs is given, dataclass defaults filled in."""
-    from repro.cli.cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI
 
     class ParseOnly(ReproCLI):
         def instantiate_classes(self) -> None:
