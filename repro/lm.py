@@ -221,7 +221,7 @@ class SegmentLM(L.LightningModule):
                                 weight_decay=self.optim.weight_decay, **({"fused": True} if fused else
                                                                          {"foreach": True}))
 
-    def compile_model(self, *, mode: str | None = None,
+    def compile_model(self, *, mode: str | None = None, whole: bool = False,
                       undo: list[torch.nn.Module] | None = None) -> list[torch.nn.Module]:
         """Compile the model for this process (`repro fit --run.compile true`, `repro bench --compile`):
         `nn.Module.compile` of each of the model's `compile_units()` (Transformer-XL and the models built on it:
@@ -229,14 +229,15 @@ class SegmentLM(L.LightningModule):
         (one graph per memory length: a training memory has two, the empty first one and the full one). `mode`:
         torch.compile's (None: the default; `reduce-overhead`: each graph replayed as a CUDA graph on a GPU, for
         models whose step is bound by kernel launches). The state dict, checkpoints and numbers are the eager
-        model's (to rounding; tests/test_compile.py). Returns the units compiled; `undo=` those units turns them
-        back to eager."""
+        model's (to rounding; tests/test_compile.py). `whole`: one graph of the whole model's forward instead (fewer
+        launches and graph calls per step, a longer compilation). Returns the units compiled; `undo=` those units
+        turns them back to eager."""
         if undo is not None:
             for unit in undo:
                 unit._compiled_call_impl = None  # what nn.Module.compile sets; None is the eager call
             self._graphs = None
             return undo
-        units = list(self.model.compile_units()) if hasattr(self.model, "compile_units") else [self.model]
+        units = [self.model] if whole or not hasattr(self.model, "compile_units") else list(self.model.compile_units())
         for unit in units:
             unit.compile(dynamic=False, mode=mode)
         # CUDA graphs: the training steps replay them; evaluation runs eager (a 12-layer evaluation under them read

@@ -113,6 +113,7 @@ def test_compiled_model_evaluates_as_the_eager_one(mode):
     torch.testing.assert_close(nll["compiled"], nll["eager"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_run_compile_and_attention_options_reach_the_model(monkeypatch):
     """`--run.compile` compiles the module's units before the run starts, `cudagraphs` in torch.compile's
     reduce-overhead mode; `--run.attention` sets the attention kernel; both are off (eager, auto) by default."""
@@ -135,3 +136,26 @@ def test_run_compile_and_attention_options_reach_the_model(monkeypatch):
     assert seen[(False, "auto")] == ([False, False], False, "auto")
     assert seen[(True, "sdpa")] == ([True, True], False, "sdpa")
     assert seen[("cudagraphs", "auto")] == ([True, True], True, "auto")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_the_whole_model_compiled_trains_as_the_eager_one(mode):
+    """`compile_model(whole=True)`: one graph of Transformer-XL's whole forward (embedding, layers, memory update)
+    instead of one per layer; the same losses and gradients over three segments."""
+    torch.manual_seed(0)
+    module, dm = _module("transformer_xl")
+    device = torch.get_default_device()
+    module.to(device)
+    b, t = 2, dm.tgt_len
+    stream = torch.randint(0, module.n_token, (b, 3 * t + 1), device=device)
+    batches = [(stream[:, i * t : (i + 1) * t], stream[:, i * t + 1 : (i + 1) * t + 1]) for i in range(3)]
+    compiled = copy.deepcopy(module)
+    assert compiled.compile_model(mode=mode, whole=True) == [compiled.model]
+    for (loss_e, grads_e), (loss_c, grads_c) in zip(_train(module, batches, module.memory),
+                                                    _train(compiled, batches, module.memory,
+                                                           graphs=mode == "reduce-overhead")):
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
+        for key, g in grads_e.items():
+            scale = max(1.0, float(g.abs().max()))
+            torch.testing.assert_close(grads_c[key] / scale, g / scale, rtol=1e-5, atol=1e-5, msg=key)

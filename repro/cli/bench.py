@@ -56,16 +56,20 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
 
 def parse_variant(spec: str) -> dict:
     """`repro bench --variants`: a variant is an attention kernel with optional `+compile` or `+cudagraphs` (compiled
-    with mode reduce-overhead: CUDA graphs on a GPU) and `+foreach` (the optimiser's multi-tensor form instead of
-    the module's), e.g. `eager+foreach`, `sdpa+compile`."""
+    with mode reduce-overhead: CUDA graphs on a GPU), `+whole` (one graph of the whole model's forward rather than
+    one per decoder layer) and `+foreach` (the optimiser's multi-tensor form instead of the module's), e.g.
+    `eager+foreach`, `sdpa+compile`, `sdpa+cudagraphs+whole`."""
     from repro.nn.attention import KERNELS
 
     kernel, *flags = spec.split("+")
-    unknown = [f for f in flags if f not in ("compile", "cudagraphs", "foreach")]
-    if kernel not in KERNELS or unknown or {"compile", "cudagraphs"} <= set(flags):
+    unknown = [f for f in flags if f not in ("compile", "cudagraphs", "whole", "foreach")]
+    compiles = {"compile", "cudagraphs"} & set(flags)
+    if kernel not in KERNELS or unknown or len(compiles) > 1 or ("whole" in flags and not compiles):
         raise ValueError(f"variant {spec!r}: an attention kernel ({', '.join(KERNELS)}) and optionally "
-                         "+compile or +cudagraphs, +foreach")
+                         "+compile or +cudagraphs (with +whole: one graph of the whole model), +foreach")
     compiled = "reduce-overhead" if "cudagraphs" in flags else "compile" in flags
+    if "whole" in flags:
+        compiled = ("reduce-overhead" if compiled == "reduce-overhead" else "default") + "+whole"
     return {"attention": kernel, "compile": compiled, "optimizer": "foreach" if "foreach" in flags else "module"}
 
 

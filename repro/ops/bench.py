@@ -174,10 +174,12 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
     kv = (not train) and getattr(model, "supports_kv_memory", False)  # as `repro test` evaluates
     # CUDA graphs (compile mode reduce-overhead) overwrite a graph's outputs at its next replay: each step is marked
     # as a new one, and the memory, which outlives the step, is copied out of the graphs' pool (its cost is timed)
-    graphs = compile == "reduce-overhead" and dev.type == "cuda"
+    graphs = isinstance(compile, str) and compile.startswith("reduce-overhead") and dev.type == "cuda"
     eager_forward = None
     if compile:
-        eager_forward = module.compile_model(mode=None if compile is True else compile)
+        whole = isinstance(compile, str) and compile.endswith("+whole")  # e.g. "reduce-overhead+whole"
+        mode = compile.removesuffix("+whole") if isinstance(compile, str) else None
+        eager_forward = module.compile_model(mode=mode or None, whole=whole)
     if train:
         module.train()
         opt = module.make_optimizer() if optimizer == "module" else torch.optim.Adam(
