@@ -77,6 +77,7 @@ def test_resume_alone_takes_the_same_default(tmp_path):
     assert _files(tmp_path) == [str(DEFAULT)]
 
 
+@pytest.mark.slow
 def test_a_run_without_a_name_is_refused_in_one_line(tmp_path):
     fit = _cli(["fit", "-c", TINY, *SMALL, "--run.experiment", "", "--run.select", "val/loss:min"], tmp_path)
     assert fit.returncode == 2

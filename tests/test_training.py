@@ -194,6 +194,7 @@ def test_missing_paper_corpus_offline_says_where_to_put_it(root, tmp_path, monke
     assert "Traceback" not in text and not list(tmp_path.rglob("*.pt"))  # nothing half-built
 
 
+@pytest.mark.slow
 def test_steps_run_fit_then_test_in_one_process_as_separate_commands_would(root, tmp_path, monkeypatch):
     monkeypatch.chdir(root)
     ckpt, eval_cfg = tmp_path / "s.ckpt", TINY.replace(".yaml", ".eval.yaml")
