@@ -1,4 +1,4 @@
-"""The Trainer callbacks that `repro fit|validate|test` adds to every run (see `repro.cli.cli.ReproCLI`).
+"""The Trainer callbacks that `repro fit|validate|test` adds to every run (see `repro.cli.lightning_cli.ReproCLI`).
 
 - `CurveRecorder`: training and validation curves as a CSV for `dvc plots`; its rows travel in checkpoints, so a
   resumed fit writes the whole curve.
@@ -12,7 +12,7 @@
   validation whose METRIC improves on the best so far, the whole checkpoint is written to `a.best.ckpt`; at the end
   of the fit it becomes `a.ckpt` (the checkpoint every test reads) and the final training state stays in
   `a.last.ckpt` — one file under both names (a hard link) where the selected step is the final one or no validation
-  ran (`repro.cli.cli.ReproCLI._finish_selection`). The best value and its step travel in checkpoints, so a resumed
+  ran (`repro.cli.checkpoints.finish_selection`). The best value and its step travel in checkpoints, so a resumed
   fit keeps its selection.
 - `save_checkpoint`: every checkpoint of a run is written by this function: atomically, and by global rank 0 only
   (under DDP each rank used to replace the file with its own empty temporary file).

@@ -509,12 +509,12 @@ def test_published_checksums_are_well_formed_and_say_where_they_come_from():
         assert p.source.count("/") >= 2 and " " in p.source
 
 
-def test_readme_lists_every_downloaded_file_with_its_checksum_source():
+def test_the_data_page_lists_every_downloaded_file_with_its_checksum_source():
     from repro.data import lra_sources
     from repro.text import cmudog, streams
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "data.md").read_text(encoding="utf-8")
+    section = page.split("## Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
     names = [*sources.PUBLISHED, "1b_word_vocab.txt", "simple-examples.tgz", streams.WT103_RAW_URLS[0].rsplit("/")[-1],
              *(url.rsplit("/")[-1] for url in (lra_sources.LRA_RELEASE_URL, lra_sources.IMDB_URL, lra_sources.CIFAR10_URL)),
              f"{cmudog.CMU_DOG_COMMIT[:12]}"]

@@ -90,7 +90,7 @@ TINY_ABLATION = [
 PROFILES = ("tiny", "small", "paper")
 CLAIMS_SMALL = Path("configs/transformer_xl/small/claims.yaml")
 # `repro runs` names an unseeded spec's experiment without a `.seed` suffix; it runs with the CLI's default seed
-# (repro/cli.py SEED). The small profile's unseeded runs are the ones txl_recl and txl_generate read, and the
+# (repro/cli/lightning_cli.py SEED). The small profile's unseeded runs are the ones txl_recl and txl_generate read, and the
 # claims call them seed 1111.
 DEFAULT_SEED = 1111
 

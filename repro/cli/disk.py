@@ -6,7 +6,7 @@ device` tracebacks).
 A fit's checkpoint holds its weights, the optimiser's state and the saved buffers (`checkpoint_bytes`), and a
 segment-recurrent LM's training memory (`memory_bytes`), the models built on the meta device (no memory, a fraction of a second each once the paper's code is imported). A fit keeps
 `A.ckpt`, and with `--run.select` also `A.last.ckpt`, unless the two are one file: a fit whose only validation
-comes at its end (a rehearsal's) selects its final state, and `repro.cli.cli.ReproCLI._finish_selection` links
+comes at its end (a rehearsal's) selects its final state, and `repro.cli.checkpoints.finish_selection` links
 them; any other selecting fit is counted with both, as nothing tells beforehand which step it will select. While a
 fit saves, more files sit side by side (`Fit.peak`): each of the `jobs` fits running at once adds those of the
 largest models. Checkpoints already at the paths a fit writes are replaced, not added. Not counted: the data
@@ -113,7 +113,8 @@ def fits_of(steps: list[list[str]]) -> list[Fit]:
     """The fits among command lines (`fit -c A.yaml … --run.checkpoint A.ckpt`, as `repro runs` builds them), each
     with its checkpoint path, its model's parameters and whether it selects. A fit without a checkpoint file (no
     --run.checkpoint, no --run.select or --run.resume) writes none and is left out."""
-    from repro.cli.cli import build, default_checkpoint
+    from repro.cli.checkpoints import default_checkpoint
+    from repro.cli.cli import build
 
     out = []
     for args in steps:
