@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 TESTS = ("better", "noninferior")
 VERDICTS = ("holds", "reversed", "not decided")

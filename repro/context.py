@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from repro.lm import EvalProtocol, MemorySettings, SegmentLM
+from repro.lm import EvalProtocol, SegmentLM
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
 RATIOS = (0.1, 0.5, 1.0)  # Table 8's r
@@ -57,7 +57,7 @@ class ContextModel:
     mode: Literal["auto", "memory", "window"] = "auto"
 
     @classmethod
-    def parse(cls, text: str) -> "ContextModel":
+    def parse(cls, text: str) -> ContextModel:
         """`NAME=CONFIG[,CONFIG…]@CHECKPOINT[:memory|window]`."""
         try:
             name, rest = text.split("=", 1)

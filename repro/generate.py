@@ -12,7 +12,6 @@ With a shorter memory the model sees, at every layer, the last `mem_len` positio
 
 from __future__ import annotations
 
-
 import torch
 
 UNK_SYMBOLS = ("<unk>", "<UNK>")

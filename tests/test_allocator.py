@@ -2,9 +2,10 @@
 the next step to reuse (glibc's own statistics say so); REPRO_MALLOC=system leaves glibc's default (a fresh mmap,
 given back). Each case in a fresh process (Linux with glibc, as CI)."""
 
-import pytest
 import subprocess
 import sys
+
+import pytest
 
 CHECK = """
 import ctypes, torch

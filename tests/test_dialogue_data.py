@@ -287,7 +287,7 @@ def test_two_builders_of_the_tiny_set_at_once_leave_one_complete_set(tmp_path):
     def build():
         try:
             roots.append(tiny_dog_root(tmp_path, **settings))
-        except Exception as err:  # noqa: BLE001 - reported below
+        except Exception as err:  # reported below
             errors.append(err)
 
     threads = [threading.Thread(target=build) for _ in range(3)]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from papers.mgk.model import MGKConfig, MGKLM
+from papers.mgk.model import MGKLM, MGKConfig
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.generate import decode, encode_prompt, generate, sample_top_k
 

@@ -8,12 +8,12 @@ import json
 import re
 from pathlib import Path
 
-from conftest import params_specs
-
 import yaml
 
 from repro.claims import load_claims
 from repro.tables import Results
+
+from conftest import params_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 CLAIMS = ROOT / "configs" / "infinity_former" / "small" / "claims.yaml"

@@ -11,8 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.testing import assert_close
 
-from papers.lamemo.model import (LaMemo, LaMemoConfig, interpolate, look_ahead_window,
-                                 window_position_scores)
+from papers.lamemo.model import LaMemo, LaMemoConfig, interpolate, look_ahead_window, window_position_scores
 from papers.lamemo.module import LaMemoLM
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.data.lm import LMDataModule

@@ -18,7 +18,6 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from repro.data import corpora

@@ -4,12 +4,13 @@ grandchildren included (a `dvc repro` stage runs `repro runs`, which runs worker
 
 The figures are checked against allocations of known size made by child processes: 300 MiB of touched bytes."""
 
-import pytest
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from repro.ops.rss import peak_rss_mb, run_measured
 

@@ -6,13 +6,13 @@ replace the file with its own empty temporary file).
 Selecting the *highest* validation loss makes the choice fall on the first validation, far from the final step, so
 that a selection that silently kept the final weights fails."""
 
-import pytest
 import csv
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 TINY = "configs/transformer_xl/tiny/enwik8_12l.yaml"

@@ -4,13 +4,13 @@ or under which no validation ran, hard-links `A.ckpt` to `A.last.ckpt` (`repro.i
 file system refuses the link). Both load; a later save to either name (an atomic replace, a new inode) leaves the
 other's bytes as they were; a resumed fit still continues from `A.last.ckpt` and keeps the selection."""
 
-import pytest
 import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from repro.io import atomic_write_text, link_or_copy

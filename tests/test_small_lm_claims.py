@@ -9,13 +9,13 @@ verdict is computed from records, never typed.
 import json
 from pathlib import Path
 
-from conftest import params_specs
-
 import pytest
 import yaml
 
 from repro.claims import load_claims
 from repro.tables import Results
+
+from conftest import params_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPERS = ("transformer_xl", "lamemo", "mgk")

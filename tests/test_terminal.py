@@ -2,11 +2,12 @@
 loss, tokens/s, ETA) — or a bar over steps when the bar is on — and one summary line per run; none of Lightning's
 banner, tips, tables or library warnings. `repro --help` starts without Lightning and lists every command."""
 
-import pytest
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from repro.cli.entry import main
 

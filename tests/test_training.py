@@ -9,7 +9,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from torch.testing import assert_close
 
 from papers.transformer_xl.model import TransformerXLConfig
 from papers.transformer_xl.module import TransformerXLLM

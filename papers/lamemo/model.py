@@ -59,8 +59,14 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.nn.attention import (RelPartialLearnableAttention, causal_mask, rel_shift, relative_distances,
-                                sinusoid_table, softmax_lse)
+from repro.nn.attention import (
+    RelPartialLearnableAttention,
+    causal_mask,
+    rel_shift,
+    relative_distances,
+    sinusoid_table,
+    softmax_lse,
+)
 from repro.nn.dropout import dropout_matmul
 
 VARIANTS = ("disentangled", "txl", "disentangled_v2", "full")

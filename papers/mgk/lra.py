@@ -62,7 +62,7 @@ class Variant:
     pi: str = "gradient"  # gradient | soft_em | hard_em (MGK/sMGK only)
 
     @staticmethod
-    def parse(name: str) -> "Variant":
+    def parse(name: str) -> Variant:
         m = _VARIANT.match(name)
         if not m or int(m[2]) < 1:
             raise ValueError(f"unknown LRA variant {name!r}: use softmax|mgk|smgk|linear|mlk|smlk followed by the "

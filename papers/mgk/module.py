@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from papers.mgk.model import MGKConfig, MGKLM
+from papers.mgk.model import MGKLM, MGKConfig
 from papers.transformer_xl.model import TransformerXLConfig
 from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
 

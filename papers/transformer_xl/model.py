@@ -17,7 +17,7 @@ Where this differs from the reference (and why):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch

@@ -19,8 +19,8 @@ def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 1
           attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None,
           compile: bool = False, attention: str = "auto") -> list[dict]:
     """The rows of `repro bench` for config files merged in order (then `overrides`, CLI arguments)."""
-    from repro.ops.bench import bench_module
     from repro.cli.cli import build
+    from repro.ops.bench import bench_module
 
     if precision not in ("32", "bf16"):
         raise ValueError("--precision is 32 or bf16")
@@ -37,8 +37,8 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
     that a machine's drift hits every model alike (a shared CPU varies by 2× over minutes; timed one after another
     in separate processes the models' ratio moved as much). Each row has its `round` and its speed relative to the
     first model's in the same round (`relative`)."""
-    from repro.ops.bench import bench_module
     from repro.cli.cli import build
+    from repro.ops.bench import bench_module
 
     if mode == "slowdown":
         raise ValueError("--compare times train or eval, not slowdown")
@@ -78,8 +78,8 @@ def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
     """`repro bench --variants`: one model, timed under each variant in turns over `rounds` rounds (as
     `--compare` does for models), each row with its `variant`, `round` and speed relative to the first variant's
     in the same round. A compiled variant's graphs are built in its first round's warm-up and reused after."""
-    from repro.ops.bench import bench_module
     from repro.cli.cli import build
+    from repro.ops.bench import bench_module
 
     if mode == "slowdown":
         raise ValueError("--variants times train or eval, not slowdown")

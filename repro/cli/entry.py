@@ -11,7 +11,6 @@ import os
 import sys
 from argparse import ArgumentError
 
-
 # the commands that start without torch (the others may compute under bf16 autocast; `rehearse` runs `repro runs`
 # and `repro fit`, which see to it themselves)
 NO_TORCH = ("", "-h", "--help", "profile", "rehearse", "tables")

@@ -241,8 +241,6 @@ def rehearse(argv: list[str]) -> None:
     ap.add_argument("--jobs", type=int, help="worker processes per group (default: params.rehearsal.yaml)")
     args = ap.parse_args(argv)
 
-    import json
-
     from repro.ops import mirror
 
     root = Path.cwd()

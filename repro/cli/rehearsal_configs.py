@@ -17,7 +17,7 @@ def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]
 
     config = Path(config)
     cfg = yaml.safe_load(config.read_text()) or {}
-    data_cls = str(((cfg.get("data") or {}).get("class_path") or "")).rsplit(".", 1)[-1]
+    data_cls = str((cfg.get("data") or {}).get("class_path") or "").rsplit(".", 1)[-1]
     out = ["-c", str(root / REHEARSAL_CONFIGS / "trainer.yaml")]
     per_data = root / REHEARSAL_CONFIGS / f"{data_cls}.yaml"
     if data_cls and per_data.exists():

@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from repro.io import atomic_path, atomic_write_json
 from repro.ops.download import (
     DownloadError,
     Published,
@@ -35,7 +36,6 @@ from repro.ops.download import (
     read_sidecar,
     sha256_file,
 )
-from repro.io import atomic_path, atomic_write_json
 
 # Checksums published for the same files by maintained libraries, copied exactly from the file named (read through
 # the code index, not computed by us; never fill in a value that was not read from such a record). `download`

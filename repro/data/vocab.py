@@ -13,8 +13,8 @@ A vocabulary is a list of symbols, stored as JSON beside the token tensors; noth
 from __future__ import annotations
 
 import hashlib
-from array import array
 import json
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -64,7 +64,7 @@ class Vocab:
         atomic_write_text(path, json.dumps({"symbols": list(self.symbols)}, ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: Path) -> "Vocab":
+    def load(cls, path: Path) -> Vocab:
         return cls(tuple(json.loads(Path(path).read_text(encoding="utf-8"))["symbols"]))
 
 

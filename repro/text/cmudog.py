@@ -144,9 +144,8 @@ def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     import zipfile
 
     from repro.data.root import data_dir
-    from repro.ops.download import download
-
     from repro.io import file_lock
+    from repro.ops.download import download
 
     base = data_dir(data_root) / "raw" / "cmu_dog"
     root = base / f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"

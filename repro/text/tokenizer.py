@@ -155,8 +155,8 @@ def load_tokenizer(spec: TokenizerSpec | dict, data_root: str | os.PathLike | No
         if expected_size(spec) not in (None, len(out)):
             raise ValueError(f"the {spec.name!r} tokenizer has {len(out)} symbols, {expected_size(spec)} were expected")
         return out
-    from repro.data.root import data_dir
     from repro.data.embedded import split_text
+    from repro.data.root import data_dir
     from repro.io import atomic_write_text
 
     text = split_text()["train"]

@@ -103,7 +103,7 @@ def main() -> None:
         raise SystemExit(f"{awd}: no data/enwik8/prep_enwik8.py; pass a checkout of salesforce/awd-lstm-lm")
     commits = {"txl": checkout_commit(txl), "awd": checkout_commit(awd)}
     with on_path(txl / "pytorch"):  # inside: their get_lm_corpus pickles its Corpus (a cache.pt) by module name
-        import data_utils  # noqa: PLC0415
+        import data_utils
 
         for corpus in ("wt103", "ptb", "enwik8", "text8"):
             make(corpus, data_utils, txl, awd, commits)

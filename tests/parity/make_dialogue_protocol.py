@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import math
 import sys
 import tempfile
 from collections import defaultdict
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.parity.common import HERE, checkout_commit, save_fixture  # noqa: E402
+from tests.parity.common import HERE, checkout_commit, save_fixture
 
 OUT = HERE / "dialogue_protocol"
 WANTED = {"normalize_answer", "compute_f1_score", "compute_rouge_score", "compute_meteor_score",
@@ -286,9 +285,10 @@ def main() -> None:
     nltk.data.path.insert(0, str(data_root))
 
     ns = official_namespace(a.checkout)
+    from importlib.metadata import version
+
     import ignite
     import rouge_score  # noqa: F401
-    from importlib.metadata import version
 
     meta = {"repo": "deep-spin/infinite-former", "commit": checkout_commit(a.checkout),
             "file": "document_grounded_generation/eval.py", "nltk": nltk.__version__,

@@ -70,13 +70,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
 # the shims the ∞-former benchmark uses too (`repro bench-infinity-former-authors`)
-from papers.infinity_former.bench_authors import cuda_on_cpu as _cuda_on_cpu  # noqa: E402
-from papers.infinity_former.bench_authors import sorting_modules as _sorting_modules  # noqa: E402
-from papers.infinity_former.bench_authors import stub_entmax as _stub_entmax  # noqa: E402
-from papers.infinity_former.bench_authors import GPT2_DIRS, gpt2_shims  # noqa: E402
-from papers.infinity_former.bench_authors import load_official_gpt2 as _load_official_gpt2  # noqa: E402
+from papers.infinity_former.bench_authors import GPT2_DIRS, gpt2_shims
+from papers.infinity_former.bench_authors import cuda_on_cpu as _cuda_on_cpu
+from papers.infinity_former.bench_authors import load_official_gpt2 as _load_official_gpt2
+from papers.infinity_former.bench_authors import sorting_modules as _sorting_modules
+from papers.infinity_former.bench_authors import stub_entmax as _stub_entmax
+from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture
 
 OUT = HERE / "infinity_former"
 H, E, N, L, T, STEPS = 2, 4, 16, 16, 5, 4

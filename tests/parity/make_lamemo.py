@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
+from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture
 
 OUT = HERE / "lamemo"
 N_TOKEN, D, H, E, D_INNER, N_LAYER, B, SEGMENTS = 23, 8, 2, 4, 8, 2, 2, 4

@@ -36,8 +36,8 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from papers.mgk.bench_authors import PAPER_LM, install_shims, official_lm_layer  # noqa: E402
-from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
+from papers.mgk.bench_authors import PAPER_LM, install_shims, official_lm_layer
+from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture
 
 OUT = HERE / "mgk"
 REPO = "minhtannguyen/transformer-mgk"

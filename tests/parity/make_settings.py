@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.parity.common import HERE, checkout_commit  # noqa: E402
+from tests.parity.common import HERE, checkout_commit
 
 OUT = HERE / "settings.json"
 

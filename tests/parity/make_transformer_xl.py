@@ -72,7 +72,7 @@ GRAD_CASES = {
 def import_official(checkout: Path):
     torch.version.cuda = torch.version.cuda or "10.0"
     with on_path(checkout / "pytorch"), on_path(checkout / "pytorch" / "utils"):
-        import mem_transformer  # noqa: PLC0415
+        import mem_transformer
     return mem_transformer
 
 
@@ -203,7 +203,7 @@ def make_grad_case(mt, name: str, case: dict, commit: str, seed: int) -> None:
 
 def paper_shape(path: Path) -> dict:
     """The official `MemTransformerLM` arguments that `train.py` derives for one of our paper configs."""
-    from repro.data.corpora import spec  # noqa: PLC0415
+    from repro.data.corpora import spec
 
     cfg = yaml.safe_load(path.read_text())
     m = cfg["model"]["init_args"]["model"]

@@ -25,10 +25,10 @@ import yaml
 from torch.testing import assert_close
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.parity.common` under a bare `pytest` too
-import papers.lamemo.model as lamemo_model  # noqa: E402
-from papers.lamemo.model import LaMemo, LaMemoConfig  # noqa: E402
-from papers.transformer_xl.model import TransformerXL, TransformerXLConfig  # noqa: E402
-from tests.parity.common import HERE, TOLERANCE, load_fixture  # noqa: E402
+import papers.lamemo.model as lamemo_model
+from papers.lamemo.model import LaMemo, LaMemoConfig
+from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from tests.parity.common import HERE, TOLERANCE, load_fixture
 
 FIXTURES = HERE / "lamemo"
 CASES = sorted(p.stem for p in FIXTURES.glob("attn*.pt"))

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not CHECKOUT, reason="REPRO_AUTHORS_TXL names no
 
 
 def _theirs():
-    from tests.parity.make_transformer_xl import build, import_official  # noqa: PLC0415
+    from tests.parity.make_transformer_xl import build, import_official
 
     model = build(import_official(Path(CHECKOUT)), n_token=N_TOKEN, attn_type=0, tgt=T, mem=M, **SHAPE)
     # scores of order one at width 512 (std 0.2, the small fixtures', saturates every softmax); u and v apart
@@ -40,7 +40,7 @@ def _theirs():
 
 
 def _run_theirs(model, stream_TB):
-    from tests.parity.make_transformer_xl import shims  # noqa: PLC0415
+    from tests.parity.make_transformer_xl import shims
 
     mems = [torch.empty(0, B, SHAPE["d_model"], device=stream_TB.device) for _ in range(SHAPE["n_layer"] + 1)]
     losses, memories = [], []
