@@ -89,6 +89,7 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
             raise ValueError(f"each step of `repro steps` starts with one of {', '.join(LIGHTNING_SUBCOMMANDS)}, "
                              f"got {' '.join(args)!r}")
     from repro.io import check_config_files
+    from repro.ops.allocator import release_freed_memory
 
     for args in parsed:
         check_config_files(args)
@@ -111,6 +112,8 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
                 done = subprocess.run([sys.executable, "-m", "repro", *args], check=False)
                 if done.returncode:
                     raise SystemExit(done.returncode) from None
+            # the next step starts without the last one's freed memory (its trainer, model and optimiser)
+            release_freed_memory()
         return list(ReproCLI.summaries or [])
     finally:
         sys.argv = argv

@@ -22,9 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     subcommands (`tables`, `describe`, `bench`, …) start without Lightning and import what they use. Errors the
     user can act on end with their message alone; REPRO_DEBUG=1 shows the traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
-    from repro.ops.allocator import keep_freed_memory
-
-    keep_freed_memory()  # freed tensors reused, not mmapped afresh each step (REPRO_MALLOC=system: glibc's default)
+    # the C allocator's policy (freed memory kept for the next step) is decided where a model is built, from its
+    # size (`repro.ops.allocator`): every command starts with glibc's default
     if (args[0] if args else "") not in NO_TORCH and not _starts_workers(args):
         from repro.precision import emulate_bf16_matmul
 

@@ -373,6 +373,10 @@ class ReproCLI(LightningCLI):
                 print(f"repro: resuming from {last}", flush=True)
         ckpt = cfg.get("ckpt_path")
         self._check_untrained(sub)
+        from repro.ops.allocator import keep_freed_memory
+
+        # freed memory kept for the next step, for a model small enough that its heap's holes stay small
+        keep_freed_memory(parameters=sum(p.numel() for p in self.model.parameters()))
         from repro.nn.attention import set_attention_kernel
 
         set_attention_kernel(run.get("attention") or "auto")

@@ -1,4 +1,5 @@
-"""The C allocator's policy for training processes: freed large blocks stay in the process for reuse (issue 15).
+"""The C allocator's policy for training processes of small models: freed large blocks stay in the process for reuse
+(issue 15), where that costs little memory (issue 38).
 
 PyTorch's CPU tensors come from the C library's `malloc`. glibc serves a block of more than its mmap threshold
 (128 KiB, raised as large blocks are freed, but never above 32 MiB) with a fresh `mmap` and gives it back to the
@@ -6,16 +7,26 @@ system on `free`, so every step of a training loop that creates such a tensor ag
 and zero-filling for it (a 2 × 8 × 512 × 1024 float32 attention score tensor is 32 MiB: about 7 ms to touch
 fresh, 0.6 ms to overwrite). `keep_freed_memory()` turns glibc's direct mmaps off and its trimming of the heap
 off (`mallopt(M_MMAP_MAX, 0)`, `mallopt(M_TRIM_THRESHOLD, 1 GiB)`), so that freed blocks are reused by the next
-step. Arithmetic is untouched: every result is bit for bit the same. The cost: the process keeps its peak memory
-until it exits (as PyTorch's CUDA caching allocator does on a GPU); for the 41M model below, three epochs of 8
-training segments, each followed by evaluation at another batch size, held 2.50 GB resident throughout, against
-2.37–2.41 GB (peak 2.44) with glibc's default: no growth from phase to phase.
+step. Arithmetic is untouched: every result is bit for bit the same. The cost: every block now lives in the heap,
+whose free holes are not given back, so the process's resident memory is its heap's high-water mark. For the 41M
+model below, three epochs of 8 training segments, each followed by evaluation at another batch size, held 2.50 GB
+resident throughout, against 2.37–2.41 GB (peak 2.44) with glibc's default: no growth from phase to phase.
 
 Measured (2 cores of an Intel Xeon with AMX, torch 2.13, 41M Transformer-XL at batch 2 × 512, memory 512,
 training): float32 407–445 → 488–506 tokens/s, bf16 851–887 → 901–916 tokens/s.
 
-`repro` applies it at start-up (`repro.cli.entry`); REPRO_MALLOC=system leaves the C library's defaults. It does
-nothing where the C library is not glibc (macOS, musl) and returns False there.
+Where it stays off. A paper-size model's step holds gigabytes of activations in tensors of many sizes, and the heap's
+holes between them grow with it: Transformer-XL enwik8 24L (277M parameters; its rehearsal, batch 2 × 768, memory
+768) peaked at 13.6 GiB under the policy against 11.3 GiB with glibc's default (+20%), where the 41M model's peak
+rose 2.5%. So the policy is for models below `POLICY_MAX_PARAMETERS` (the paper configs have 0.2–44M parameters
+or 124–841M, none between), and a stage's peak is raised by at most 10% (its rehearsal summary, README
+"Rehearsal"). `repro fit|validate|test|steps` (and so `repro runs`' workers) and `repro bench` decide once the
+model is built (`keep_freed_memory(parameters=…)`); a larger model after a smaller one in one process (`repro
+steps`) puts glibc's behaviour back (`_stand_down`: mmaps for blocks above 32 MiB, the largest threshold its
+default reaches, and the heap's top trimmed); other commands (data, tables, RECL, generation) run with glibc's
+default. REPRO_MALLOC=system leaves the C library's defaults everywhere. It does nothing where the C library is
+not glibc (macOS, musl) and returns False there. `release_freed_memory()` gives a finished run's freed memory back
+between the steps of one process.
 """
 
 from __future__ import annotations
@@ -25,8 +36,13 @@ import ctypes.util
 import os
 import sys
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
 TRIM_THRESHOLD = 1 << 30
+# glibc's defaults that `_stand_down` puts back: as many mmaps as it allows by default, its largest dynamic mmap
+# threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), and its trim threshold at that point (twice the mmap threshold)
+DEFAULT_MMAP_MAX, DEFAULT_MMAP_THRESHOLD_MAX = 65536, 32 << 20
+# the policy for models below this many parameters (see the module's docstring)
+POLICY_MAX_PARAMETERS = 100_000_000
 _applied = False
 
 
@@ -41,17 +57,56 @@ def _glibc():
     return libc
 
 
-def keep_freed_memory() -> bool:
-    """Keep freed blocks in the process (see the module's docstring); True when the policy is in force. Once per
-    process: glibc's policy cannot be set back to its adaptive default afterwards."""
-    global _applied
-    if _applied:
-        return True
+def policy_applies(parameters: int | None) -> bool:
+    """Whether a process that runs a model of `parameters` parameters (None: a benchmark's explicit request) keeps
+    freed memory: below `POLICY_MAX_PARAMETERS`, and not under REPRO_MALLOC=system."""
     if os.environ.get("REPRO_MALLOC", "").lower() == "system":
         return False
+    return parameters is None or parameters < POLICY_MAX_PARAMETERS
+
+
+def keep_freed_memory(*, parameters: int | None = None) -> bool:
+    """Keep freed blocks in the process (see the module's docstring) when `policy_applies(parameters)`; True when the
+    policy is in force afterwards. A model at or above the bound after the policy was applied for a smaller one
+    puts glibc's behaviour back (`_stand_down`)."""
+    global _applied
+    if not policy_applies(parameters):
+        if _applied:
+            _stand_down()
+        return False
+    if _applied:
+        return True
     libc = _glibc()
     if libc is None:
         return False
     _applied = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _applied
 
+
+def _stand_down() -> None:
+    """Undo the policy: glibc's mmaps back on for blocks above the largest threshold its default reaches, the heap's
+    top trimmed at twice that, and the free memory the policy kept given back now. (glibc's threshold no longer
+    adapts once set, so this is its default's steady state, not its start.)"""
+    global _applied
+    libc = _glibc()
+    if libc is None:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD_MAX)
+    libc.mallopt(M_TRIM_THRESHOLD, 2 * DEFAULT_MMAP_THRESHOLD_MAX)
+    libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+    release_freed_memory()
+    _applied = False
+
+
+def release_freed_memory() -> bool:
+    """Give back to the system the memory that a finished run's objects leave in this process: a garbage collection
+    (a Trainer, its module and callbacks refer to each other), then glibc's `malloc_trim(0)`, which returns every
+    free page of its heaps, not only those at the top. `repro steps` (and so each worker of `repro runs`) calls
+    it between two steps: the test after a fit in the same process otherwise started beside the fit's freed heap
+    (One Billion Word large's test peaked at 17.6 GiB after a 14.0 GiB fit, issue 38). True where glibc returned
+    memory; False elsewhere, or where nothing was free."""
+    import gc
+
+    gc.collect()
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False

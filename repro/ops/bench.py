@@ -119,6 +119,9 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
         raise ValueError("--precision is 32 or bf16")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     module.to(dev)
+    from repro.ops.allocator import keep_freed_memory
+
+    keep_freed_memory(parameters=sum(p.numel() for p in module.parameters()))  # as `repro fit` runs this model
     g = torch.Generator().manual_seed(0)
     base = {"config": config, "mode": mode, "precision": precision, **environment(dev),
             "parameters": sum(p.numel() for p in module.parameters()), "compile": compile, "attention": attention,
