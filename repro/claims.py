@@ -8,10 +8,10 @@ the test; this module only reads the run records and applies the test. Nothing h
 Tests (the effect is oriented so that positive means "a is better than b", whether the metric is lower- or
 higher-is-better; the interval is Welch's two-sided t interval at the file's `confidence`, default 0.95):
 
-| test | holds | reversed | otherwise |
+| test | holds: the interval lies | reversed: the interval lies | otherwise, at n seeds |
 |---|---|---|---|
-| `better` (a beats b) | interval above 0 | interval below 0 | not decided at n seeds |
-| `noninferior` (a matches b: a is worse by at most `margin` × mean(b)) | interval above −δ | interval below −δ | not decided at n seeds |
+| `better` (a beats b) | above 0 | below 0 | not decided |
+| `noninferior` (a matches b: a is worse by at most δ = `margin` × mean(b)) | above −δ | below −δ | not decided |
 
 A claim with fewer than two seeds in either arm has no spread and is "not decided" (its values are still shown).
 This follows the usual practice for seed comparisons in deep learning (report mean ± sample standard deviation

@@ -109,7 +109,8 @@ def token_losses(module: SegmentLM, tokens: torch.Tensor, *, context: int, mode:
     else:
         saved = module.eval_protocol
         module.eval_protocol = EvalProtocol(kind="sliding", window=context,
-                                            stride=stride if stride else max(1, context // 8), window_batch=window_batch)
+                                            stride=stride if stride else max(1, context // 8),
+                                            window_batch=window_batch)
         module._history["test"] = None
         try:
             for seg in segments:

@@ -1,9 +1,9 @@
 """Seeded nucleus sampling (Holtzman et al., 2020), the decoding of the ∞-former dialogue experiment.
 
-PAPERS.md §2: top-p 0.9, temperature 1, at most 50 tokens, responses with ≥ 3 previous utterances (the official eval.py). The nucleus
-is the smallest set of most probable tokens whose probability reaches `top_p` (the most probable token is always
-in it); the next token is drawn from the distribution renormalised over the nucleus, with a `torch.Generator`
-owned by the caller, so a seed fixes every draw.
+PAPERS.md §2: top-p 0.9, temperature 1, at most 50 tokens, responses with ≥ 3 previous utterances (the official
+eval.py). The nucleus is the smallest set of most probable tokens whose probability reaches `top_p` (the most probable
+token is always in it); the next token is drawn from the distribution renormalised over the nucleus, with a
+`torch.Generator` owned by the caller, so a seed fixes every draw.
 
 `sample_response` runs the loop for any model given as a function from the tokens generated so far to the
 next-token logits; it stops at `max_tokens` or at a stop token. As the official script's `min_length = 1`, the

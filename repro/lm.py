@@ -384,8 +384,8 @@ class SegmentLM(L.LightningModule):
                 torch.cuda.set_rng_state(mine["cuda"])
 
     def _gather_rng(self) -> list[dict[str, torch.Tensor | None]]:
-        mine = {"cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and self.device.type == "cuda" else None}
+        on_cuda = torch.cuda.is_available() and self.device.type == "cuda"
+        mine = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if on_cuda else None}
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             out: list = [None] * dist.get_world_size()
             dist.all_gather_object(out, mine)

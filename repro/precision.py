@@ -12,8 +12,8 @@ autocast rounds their floating operands to bf16, as PyTorch's own rule does; her
 to float32 (exactly: every bf16 value is a float32), the product runs in float32, and its result is rounded to
 bf16, the dtype autocast gives. A bf16 product accumulates in float32 in both of PyTorch's kernels, and the
 product of two bf16 numbers is exact in float32, so the result is the same bf16 number up to the order of the
-float32 sums, which differs between any two kernels anyway (docs/pipeline.md, "bf16 on CPUs"). What differs: the backward
-pass sees float32 products of bf16-rounded tensors where PyTorch's rule records bf16 products, and the gradient
+float32 sums, which differs between any two kernels anyway (docs/pipeline.md, "bf16 on CPUs"). What differs: the
+backward pass sees float32 products of bf16-rounded tensors where PyTorch's rule records bf16 products, and the gradient
 is rounded to bf16 at the same place (the cast's backward), so it too differs only by summation order; the CPU's
 bf16 attention kernel rounds the softmax weights to bf16 before multiplying by the values, where here they stay in
 float32.
@@ -68,7 +68,8 @@ def installed() -> bool:
 
 
 def active() -> bool:
-    """Whether bf16 autocast on this CPU takes the float32 products (installed, or would be by `emulate_bf16_matmul`)."""
+    """Whether bf16 autocast on this CPU takes the float32 products (installed, or would be by
+    `emulate_bf16_matmul`)."""
     if _installed:
         return True
     return os.environ.get("REPRO_BF16", "").lower() != "native" and not native_bf16()
@@ -79,7 +80,8 @@ LOW_OR_FLOAT = (torch.float32, torch.bfloat16, torch.float16)  # what autocast c
 
 def _widen(x):
     if isinstance(x, torch.Tensor) and x.dtype in LOW_OR_FLOAT:
-        return x.to(torch.bfloat16).float()  # autocast's rounding, then exact widening (float64 is left, as autocast does)
+        # autocast's rounding, then exact widening (float64 is left, as autocast does)
+        return x.to(torch.bfloat16).float()
     if isinstance(x, (list, tuple)):
         return type(x)(_widen(y) for y in x)
     return x

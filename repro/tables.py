@@ -115,7 +115,8 @@ def provenance(rec: dict[str, Any]) -> str:
         corpus += f" (Python {meta['python']} docs, sha256 {meta.get('sha256', '')[:12]})"
     run = p.get("mlflow_run")
     mlflow = f"MLflow run {run[:12]} (experiment {p.get('mlflow_experiment')})" if run else "no MLflow run"
-    return ((REHEARSAL if rec.get("rehearsal") else "") + f"this repository, profile `{rec.get('profile')}`, `{rec.get('experiment')}` {rec.get('stage')}; "
+    return ((REHEARSAL if rec.get("rehearsal") else "")
+            + f"this repository, profile `{rec.get('profile')}`, `{rec.get('experiment')}` {rec.get('stage')}; "
             f"data {corpus}; {p.get('steps', 0):,} steps, {p.get('tokens_seen', 0):,} tokens seen; "
             f"{p.get('parameters', 0):,} parameters; {p.get('hardware')}, precision {p.get('precision')}; {mlflow}")
 

@@ -40,8 +40,9 @@ def hardware() -> str:
 
 def cpu_model() -> str:
     """The CPU's model name and the instruction set PyTorch's kernels use, with its bf16 support, e.g. "AMD EPYC
-    (AVX512, avx512_bf16)" or "AMD EPYC (AVX2, no bf16 instructions, bf16 products in float32)". bf16 matrix products take other kernels on a CPU with bf16 instructions (avx512_bf16,
-    amx_bf16) than without, so a bf16 run repeats bit for bit only on a CPU of the same kind (README, "Profiles")."""
+    (AVX512, avx512_bf16)" or "AMD EPYC (AVX2, no bf16 instructions, bf16 products in float32)". bf16 matrix products
+    take other kernels on a CPU with bf16 instructions (avx512_bf16, amx_bf16) than without, so a bf16 run repeats bit
+    for bit only on a CPU of the same kind (README, "Profiles")."""
     import torch
 
     name, flags = platform.processor() or platform.machine(), set()
@@ -88,7 +89,9 @@ def experiment_id(name: str, client=None) -> str:
 def git_commit() -> str:
     """HEAD of the repository (with `-dirty` when tracked files changed), or '' outside git."""
     try:
-        run = lambda *a: subprocess.run(["git", *a], cwd=repo_root(), capture_output=True, text=True, timeout=10)
+        def run(*a):
+            return subprocess.run(["git", *a], cwd=repo_root(), capture_output=True, text=True, timeout=10)
+
         head = run("rev-parse", "HEAD")
         if head.returncode:
             return ""

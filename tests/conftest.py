@@ -8,7 +8,8 @@ import pytest
 import torch
 
 # One data cache for the whole session: the embedded corpora build once (seconds), nothing is downloaded.
-_CACHE = Path(os.environ.get("REPRO_TEST_DATA", Path(__file__).resolve().parent.parent / ".pytest_cache" / "repro-data"))
+_CACHE = Path(os.environ.get("REPRO_TEST_DATA",
+                            Path(__file__).resolve().parent.parent / ".pytest_cache" / "repro-data"))
 os.environ["REPRO_DATA"] = str(_CACHE)
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_CACHE / 'mlflow-tests.db'}")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

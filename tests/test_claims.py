@@ -1,4 +1,4 @@
-"""repro.claims: Welch intervals against scipy's own Welch test, verdict rules, and the claims file's one-line errors."""
+"""repro.claims: Welch intervals against scipy's own Welch test, verdict rules, one-line errors of the claims file."""
 
 import pytest
 from scipy import stats

@@ -135,7 +135,7 @@ def test_compressed_memory_holds_the_compressions_of_the_evicted_states_in_order
     tokens = torch.randint(0, 11, (2, 40))
     mems = None
     with torch.no_grad():
-        for s, seg in enumerate(_segments(tokens, t)):
+        for seg in _segments(tokens, t):
             prev = mems
             _, mems = model(seg, mems, mem_len=mem_len)
             for i in range(2):

@@ -210,7 +210,8 @@ def test_roll_applies_to_training_streams_only_with_the_run_seed():
     dm = LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=True)
     train, valid = dm.segments("train"), dm.segments("valid")
     assert train.roll_seed == 17 and valid.roll_seed is None
-    assert LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=True, roll_seed=2).segments("train").roll_seed == 2
+    rolled = LMDataModule("embedded-char", batch_size=4, tgt_len=16, roll=True, roll_seed=2)
+    assert rolled.segments("train").roll_seed == 2
     assert LMDataModule("embedded-char", batch_size=4, tgt_len=16).segments("train").roll_seed is None
 
 

@@ -162,9 +162,9 @@ def test_official_response_context_is_the_aliased_whole_conversation(tmp_path, t
 
 
 def test_tiny_set_is_cmu_dog_layout_and_grounded(tmp_path):
-    root = dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=3, conversations={"train": 4, "valid": 2, "test": 2}, seed=1)
-    again = dialogue_tiny.generate_tiny_dog(tmp_path / "again", n_docs=3, conversations={"train": 4, "valid": 2, "test": 2},
-                                seed=1)
+    conversations = {"train": 4, "valid": 2, "test": 2}
+    root = dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=3, conversations=conversations, seed=1)
+    again = dialogue_tiny.generate_tiny_dog(tmp_path / "again", n_docs=3, conversations=conversations, seed=1)
     assert (root / "WikiData" / "village_00.json").read_text() == (again / "WikiData" / "village_00.json").read_text()
     convs = cmudog.read_cmu_dog(root, "train")
     assert len(convs) == 4
@@ -178,13 +178,16 @@ def test_tiny_set_is_cmu_dog_layout_and_grounded(tmp_path):
 
 
 def test_pieces_split_across_ranks(tmp_path, tok):
-    convs = cmudog.read_cmu_dog(dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=2, conversations={"train": 5, "valid": 3,
-                                                                                    "test": 3}), "valid")
+    root = dialogue_tiny.generate_tiny_dog(tmp_path, n_docs=2, conversations={"train": 5, "valid": 3, "test": 3})
+    convs = cmudog.read_cmu_dog(root, "valid")
     encs = [D.encode_conversation(c, tok) for c in convs]
     one = list(D.DialogueChunks(encs, 32, train=False))
     ranks = [list(D.DialogueChunks(encs, 32, train=False, rank=r, world_size=2)) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1])  # padded to the same number of steps
-    scored = lambda chunks: sorted(t for c in chunks for t in c.target[0].tolist() if t != D.IGNORE)  # noqa: E731
+
+    def scored(chunks):
+        return sorted(t for c in chunks for t in c.target[0].tolist() if t != D.IGNORE)
+
     assert scored(ranks[0] + ranks[1]) == scored(one)  # every scored token once, none twice
     tr = [D.DialogueChunks(encs, 32, train=True, rank=r, world_size=2, seed=3) for r in range(2)]
     n = len(tr[0])  # the epoch's length, known before it starts (it changes with the epoch's shuffle)
@@ -232,7 +235,10 @@ def test_sample_response_stops_and_caps_length():
     g = torch.Generator().manual_seed(0)
     out = sample_response(always_stop_likely, SamplingSettings(top_p=0.9, max_tokens=50), g, stop)
     assert out == [2]  # … but the first token is never a stop token; the second step stops
-    never = lambda generated: torch.zeros(vocab)  # noqa: E731
+
+    def never(generated):
+        return torch.zeros(vocab)
+
     out = sample_response(never, SamplingSettings(top_p=1.0, max_tokens=7), g, set())
     assert len(out) == 7
     with pytest.raises(ValueError, match="top_p"):
@@ -298,7 +304,8 @@ def test_two_builders_of_the_tiny_set_at_once_leave_one_complete_set(tmp_path):
     assert not errors and len(set(roots)) == 1
     root = roots[0]
     assert (root / "complete.json").exists()
-    assert sorted(p.parent.name for p in (root / "Conversations").glob("*/*.json")) == ["test"] * 2 + ["train"] * 4 + ["valid"] * 2
+    splits = sorted(p.parent.name for p in (root / "Conversations").glob("*/*.json"))
+    assert splits == ["test"] * 2 + ["train"] * 4 + ["valid"] * 2
 
 
 def test_line_breaks_drop_is_run_clm_through_the_datasets_text_loader(tmp_path, tok, monkeypatch):

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_generated_blocks_equal_what_the_records_give(document, monkeypatch):
     monkeypatch.chdir(ROOT)
     text = (ROOT / document).read_text()
-    assert docs.render(text) == text, f"{document}: a generated block differs from its records: run `repro tables readme`"
+    assert docs.render(text) == text, (f"{document}: a generated block differs from its records: "
+                                       "run `repro tables readme`")
 
 
 def test_the_front_page_shows_the_claims_and_the_speed():

@@ -516,7 +516,8 @@ def test_the_data_page_lists_every_downloaded_file_with_its_checksum_source():
     page = (Path(__file__).resolve().parent.parent / "docs" / "data.md").read_text(encoding="utf-8")
     section = page.split("## Downloaded files and their checksums", 1)[1].split("\n## ", 1)[0]
     names = [*sources.PUBLISHED, "1b_word_vocab.txt", "simple-examples.tgz", streams.WT103_RAW_URLS[0].rsplit("/")[-1],
-             *(url.rsplit("/")[-1] for url in (lra_sources.LRA_RELEASE_URL, lra_sources.IMDB_URL, lra_sources.CIFAR10_URL)),
+             *(url.rsplit("/")[-1]
+               for url in (lra_sources.LRA_RELEASE_URL, lra_sources.IMDB_URL, lra_sources.CIFAR10_URL)),
              f"{cmudog.CMU_DOG_COMMIT[:12]}"]
     for name in names:
         assert name in section, name

@@ -388,8 +388,9 @@ def _fit(dm, kind, steps, tmp_path=None, **trainer_kw):
                                       "output": str(tmp_path / "responses.jsonl") if tmp_path else None},
                           n_token=dm.vocab_size)
     ckpt_path = trainer_kw.pop("ckpt_path", None)
+    checkpointing = any(type(c).__name__ == "ModelCheckpoint" for c in trainer_kw.get("callbacks", []))
     trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False,
-                        enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in trainer_kw.get("callbacks", [])), enable_model_summary=False,
+                        enable_checkpointing=checkpointing, enable_model_summary=False,
                         accelerator="cpu", use_distributed_sampler=False, limit_val_batches=0, **trainer_kw)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module, trainer
@@ -441,7 +442,7 @@ def test_respond_reads_the_memory_of_the_earlier_pieces(dog):
                              block=32, responder_type=ex.context[-1])
         return out, seen[0]
 
-    (a, la), (b, lb) = run(ex.context, 1), run(ex.context, 1)
+    (a, la), (b, _) = run(ex.context, 1), run(ex.context, 1)
     assert a == b and len(a) <= 4  # seeded, at most max_tokens
     # changing only the first piece (long out of the window, remembered) changes the next-token distribution …
     other = list(ex.context)

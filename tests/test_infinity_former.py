@@ -486,8 +486,8 @@ def test_gpt2_tables_put_each_record_in_its_cell_and_check_the_claims_on_it(tmp_
         (runs / f"gpt2_lm_{key}.test.json").write_text(json.dumps(rec))
     f1 = {"nodoc": 5.0, "gpt2": 6.0, "compressive": 7.0, "inftyformer": 8.0, "inftyformer_sticky": 7.5}
     for key, f in f1.items():
-        metrics = {"test/ppl_official": 21.0 - f, "test/ppl": 20.0 - f, "test/f1": f, "test/rouge1": f + 1, "test/rougeL": f + 0.5,
-                   "test/meteor": f - 1, "test/rouge1_recall": 40.0, "test/rougeL_recall": 41.0}
+        metrics = {"test/ppl_official": 21.0 - f, "test/ppl": 20.0 - f, "test/f1": f, "test/rouge1": f + 1,
+                   "test/rougeL": f + 0.5, "test/meteor": f - 1, "test/rouge1_recall": 40.0, "test/rougeL_recall": 41.0}
         rec = {"paper": "infinity_former", "experiment": f"gpt2_dog_{key}", "profile": "tiny", "stage": "test",
                "metrics": metrics, "provenance": {"steps": 10}}
         (runs / f"gpt2_dog_{key}.test.json").write_text(json.dumps(rec))

@@ -53,8 +53,10 @@ def test_paper_configs_fade_and_the_small_profile_grows():
 
 @pytest.mark.slow
 def test_command_reports_each_config():
-    out = subprocess.run([sys.executable, "-m", "repro", "ltm-gain", "configs/infinity_former/small/sort_512_infty.yaml",
-                          "configs/infinity_former/paper/sort_8000_infty.yaml", "configs/infinity_former/paper/sort_8000_txl.yaml"],
+    out = subprocess.run([sys.executable, "-m", "repro", "ltm-gain",
+                          "configs/infinity_former/small/sort_512_infty.yaml",
+                          "configs/infinity_former/paper/sort_8000_infty.yaml",
+                          "configs/infinity_former/paper/sort_8000_txl.yaml"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
     assert len(out) == 3
     assert "gain 5.476 per update, GROWS" in out[0]
@@ -67,7 +69,8 @@ def test_command_refuses_a_missing_config():
     res = subprocess.run([sys.executable, "-m", "repro", "ltm-gain", "configs/nope.yaml"], cwd=ROOT,
                          capture_output=True, text=True)
     assert res.returncode != 0
-    assert res.stderr.strip().splitlines()[-1] == "configs/nope.yaml: no such config file; give the path of a YAML config"
+    assert (res.stderr.strip().splitlines()[-1]
+            == "configs/nope.yaml: no such config file; give the path of a YAML config")
 
 
 def test_command_refuses_unknown_ltm_settings(tmp_path):
@@ -77,7 +80,8 @@ def test_command_refuses_unknown_ltm_settings(tmp_path):
                          text=True)
     assert res.returncode != 0 and res.stdout == ""
     last = res.stderr.strip().splitlines()
-    assert len(last) == 1 and last[0].startswith(f"{bad}: its ltm settings are not an LTMConfig (") and "n_sample" in last[0]
+    assert len(last) == 1
+    assert last[0].startswith(f"{bad}: its ltm settings are not an LTMConfig (") and "n_sample" in last[0]
 
 
 def test_a_growing_geometry_warns_once_per_process(capsys):

@@ -367,8 +367,8 @@ def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
         return subprocess.run([sys.executable, "-m", "repro", *args], cwd=root, capture_output=True, text=True,
                               timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true", "--trainer.precision", "32-true",
-              "--trainer.limit_val_batches", "6", "--trainer.accelerator", "cpu"]
+    common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true",
+              "--trainer.precision", "32-true", "--trainer.limit_val_batches", "6", "--trainer.accelerator", "cpu"]
     one = cli([*common, "--run.record", str(tmp_path / "one.json")])
     assert one.returncode == 0, one.stderr[-3000:]
     two = cli([*common, "--trainer.devices", "2", "--trainer.strategy", "ddp",

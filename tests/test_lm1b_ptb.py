@@ -46,7 +46,10 @@ def test_lm1b_vocabulary_boundaries_and_splits(tmp_path, monkeypatch):
     corpus = load_corpus("lm1b", tmp_path)
     v = corpus.vocab
     assert v.symbols[:4] == ("<S>", "</S>", "<UNK>", "the") and len(v) == 10  # file order, nothing added
-    dec = lambda split: " ".join(v.decode(corpus.splits[split].tolist()))
+
+    def dec(split):
+        return " ".join(v.decode(corpus.splits[split].tolist()))
+
     # held-out shards in file order, one <S> between sentences and at both ends, unknown words → <UNK>
     assert dec("test") == "<S> the cat ran . <S> the <UNK> <UNK> . <S>"
     assert dec("valid") == "<S> a cat ran . <S>"  # shard 00001, not the test shard

@@ -258,7 +258,8 @@ def test_black_is_padding_gives_grey_level_zero_the_pad_id():
 VARIANTS = ["softmax2", "mgk1", "smgk1", "mgk1_softe", "mgk1_harde", "linear2", "mlk1", "smlk1"]
 
 
-@pytest.mark.parametrize("variant,dual", [(v, False) for v in VARIANTS] + [(v, True) for v in ("softmax2", "mgk1", "mlk1")])
+@pytest.mark.parametrize("variant,dual",
+                         [(v, False) for v in VARIANTS] + [(v, True) for v in ("softmax2", "mgk1", "mlk1")])
 def test_padding_is_exact(variant, dual):
     torch.manual_seed(0)
     cfg = LRAConfig(n_token=20, num_classes=3, dual=dual, max_len=16, d_model=16, d_inner=24, d_head=8)

@@ -216,7 +216,8 @@ def test_hub_sources(mirror, tmp_path):
         if split == "valid":
             assert out["pg19"]["first"] == tok.encode(books[0]).ids[:50]
             assert out["pg19"]["tokens"][split] >= 4 * 512  # a few paper-length blocks
-    raw = _member(root / "files/wikitext.smerity.com/wikitext-103-raw-v1.zip", "wikitext-103-raw/wiki.valid.raw").decode()
+    raw = _member(root / "files/wikitext.smerity.com/wikitext-103-raw-v1.zip",
+                  "wikitext-103-raw/wiki.valid.raw").decode()
     assert out["wt103-raw"]["documents"]["valid"] == info["wt103-raw"]["valid"]["articles"] + 1  # + the leading blank
     docs, doc = [], []
     for line in raw.splitlines(keepends=True):  # a new article at every top-level heading ` = Title = `

@@ -64,7 +64,8 @@ CHILD = textwrap.dedent(
             "emulated_mean_err": (emulated[name].double() - exact).abs().mean().item(),
         }
     # the same products of the unrounded operands: autocast's rounding of the operands must show
-    for name, f in {"linear": lambda: x.double() @ w.double().T + bias.double(), "bmm": lambda: a.double() @ b.double()}.items():
+    for name, f in {"linear": lambda: x.double() @ w.double().T + bias.double(),
+                    "bmm": lambda: a.double() @ b.double()}.items():
         out[name]["unrounded_mean_err"] = (emulated[name].double() - f()).abs().mean().item()
     out["grads"] = max(((e - n).abs().max() / n.abs().max()).item() for e, n in zip(emulated_grads, native_grads))
     out["grad_dtypes"] = sorted({str(g.dtype) for g in emulated_grads})

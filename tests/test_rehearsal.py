@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from repro.cli.rehearsal import REHEARSAL_CONFIGS, config_overrides, merged_params
+from repro.cli.rehearsal import merged_params
+from repro.cli.rehearsal_configs import REHEARSAL_CONFIGS, config_overrides
 from repro.cli.runs import runs_steps
 from repro.tables import Cell, Table, provenance
 
@@ -33,7 +34,10 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
     monkeypatch.chdir(ROOT)
     extra = config_overrides(config)[1::2]
     plain, rehearsed = build([config], meta=True), build([config, *extra], meta=True)
-    n = lambda cli: sum(p.numel() for p in cli.model.parameters())  # noqa: E731
+
+    def n(cli):
+        return sum(p.numel() for p in cli.model.parameters())
+
     assert n(rehearsed) == n(plain) > 0
     # the model's settings and every protocol length are untouched; only trainer caps and data sizes change
     assert _flat(rehearsed.config["model"]) == _flat(plain.config["model"])
@@ -56,8 +60,6 @@ def test_every_rehearsal_override_names_a_data_module_of_the_paper_configs():
 def test_sliding_window_evaluations_get_their_own_caps(monkeypatch):
     """MGK's WikiText-103 test and the vanilla model's validation and test slide a window per token: the rehearsal
     gives them one evaluation batch (sliding.yaml); memory models keep the trainer's few batches."""
-    from repro.cli.rehearsal import config_overrides
-
     monkeypatch.chdir(ROOT)
     sliding = str(REHEARSAL_CONFIGS / "sliding.yaml")
     assert sliding in config_overrides("configs/mgk/paper/wt103_mgk4.yaml")  # through its .eval.yaml

@@ -28,7 +28,8 @@ def test_steps_of_a_group(tmp_path):
     cfg.mkdir(parents=True)
     for name in ("a.yaml", "a.eval.yaml", "b.yaml"):
         (cfg / name).write_text("{}\n")
-    steps = runs_steps("p", "tiny", "g", ["a@3", "b+v"], tests="train,eval:other", configs_root=str(tmp_path / "configs"))
+    steps = runs_steps("p", "tiny", "g", ["a@3", "b+v"], tests="train,eval:other",
+                       configs_root=str(tmp_path / "configs"))
     args = [s for s, _ in steps]
     fit_a, test_a_train, test_a_eval, fit_b, test_b_train, test_b_eval = args
     assert fit_a[:2] == ["fit", "-c"] and fit_a[fit_a.index("--seed_everything") + 1] == "3"
@@ -63,7 +64,8 @@ def _specs(value) -> list[str]:
 def test_every_pipeline_spec_names_a_config_of_its_profile():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     profile = params["profile"]
-    groups = {"transformer_xl": [params["transformer_xl"]["runs"]], "mgk": [params["mgk"]["runs"], params["mgk"]["lra"]],
+    groups = {"transformer_xl": [params["transformer_xl"]["runs"]],
+              "mgk": [params["mgk"]["runs"], params["mgk"]["lra"]],
               "lamemo": [params["lamemo"]["runs"]],
               "infinity_former": [params["infinity_former"]["sorting"], params["infinity_former"]["gpt2"],
                                   params["infinity_former"]["gpt2_dog"]]}
@@ -125,8 +127,8 @@ def test_workers_share_a_group_and_each_run_equals_the_same_run_alone(tmp_path):
     assert rec["x.fit.json"]["metrics"] != rec["x.seed5.fit.json"]["metrics"]  # another seed, another run
     # the worker's run (one thread) equals the same fit run alone on one thread
     alone = tmp_path / "alone.json"
-    done = subprocess.run([sys.executable, "-m", "repro", "fit", "-c", str(cfg_dir / "x.yaml"), "--seed_everything", "5",
-                           "--run.tracking", "none", "--run.record", str(alone)],
+    done = subprocess.run([sys.executable, "-m", "repro", "fit", "-c", str(cfg_dir / "x.yaml"),
+                           "--seed_everything", "5", "--run.tracking", "none", "--run.record", str(alone)],
                           cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -62,11 +62,13 @@ def test_every_small_config_dvc_reads_exists():
     """The stages of dvc.yaml read these small configs by name (RECL, slowdown, generation, LaMemo's bench)."""
     params = yaml.safe_load((ROOT / "params.small.yaml").read_text())
     txl = ROOT / "configs/transformer_xl/small"
-    for name in ("wt103_base", "ablation_norec_relative", "ablation_norec_absolute", params["transformer_xl"]["slowdown_config"]):
+    for name in ("wt103_base", "ablation_norec_relative", "ablation_norec_absolute",
+                 params["transformer_xl"]["slowdown_config"]):
         assert (txl / f"{name}.yaml").exists(), name
     assert (txl / "wt103_base.eval.yaml").exists()
     for name in params["lamemo"]["bench"]:
-        assert (ROOT / f"configs/lamemo/small/{name}.yaml").exists() and (ROOT / f"configs/lamemo/small/{name}.eval.yaml").exists()
+        assert (ROOT / f"configs/lamemo/small/{name}.yaml").exists()
+        assert (ROOT / f"configs/lamemo/small/{name}.eval.yaml").exists()
     for paper in PAPERS:
         for config, _ in _trained(paper):
             base = config.split("_")[0] + "_" + config.split("_")[1] if config.startswith("lra_") else config
@@ -190,7 +192,8 @@ def test_txl_paper_profile_ablation_and_recl_reach_their_tables_labelled_rehears
                                     "provenance": {"parameters": 1000}}))
     names = ("txl", "norec_relative", "norec_absolute")
     # recurrence gains most: a non-rehearsal result with these RECLs would state the ordering
-    recl = {r: {n: {"recl": c, "censored": False} for n, c in zip(names, (200, 100, 100))} for r in ("0.1", "0.5", "1.0")}
+    recl = {r: {n: {"recl": c, "censored": False} for n, c in zip(names, (200, 100, 100))}
+            for r in ("0.1", "0.5", "1.0")}
     context = {"contexts": [100, 200, 300], "corpus": "wt103", "split": "test", "tokens": 390, "threshold": 0.01,
                "hardware": "CPU", "recl": recl, "models": {n: {"mean_loss": {"100": 9.9, "300": 9.8}} for n in names}}
     (tmp_path / "transformer_xl" / "context").mkdir(parents=True)

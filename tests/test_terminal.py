@@ -24,7 +24,8 @@ NOISE = ("Tip", "litlogger", "GPU available", "TPU available", "Seed set", "┏"
 def _help(argv):
     """Runs `repro ARGV` in a fresh interpreter; returns (exit code, output, whether Lightning was imported)."""
     code = ("import sys\nfrom repro.cli.entry import main\ncode = 0\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit as e:\n    code = e.code or 0\nprint('LIGHTNING' if 'lightning' in sys.modules else '')\n"
+            "except SystemExit as e:\n    code = e.code or 0\n"
+            "print('LIGHTNING' if 'lightning' in sys.modules else '')\n"
             "sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout + done.stderr, "LIGHTNING" in done.stdout

@@ -106,8 +106,8 @@ def _cli(args, cwd):
 
 @pytest.mark.slow
 def test_two_ddp_processes_give_the_evaluation_nll_of_one(root, tmp_path):
-    common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true", "--trainer.precision", "32-true",
-              "--trainer.limit_val_batches", "12", "--trainer.accelerator", "cpu"]
+    common = ["validate", "-c", TINY, "--run.tracking", "none", "--run.untrained", "true",
+              "--trainer.precision", "32-true", "--trainer.limit_val_batches", "12", "--trainer.accelerator", "cpu"]
     one = _cli([*common, "--run.record", str(tmp_path / "one.json")], root)
     assert one.returncode == 0, one.stderr[-3000:]
     two = _cli([*common, "--trainer.devices", "2", "--trainer.strategy", "ddp",
@@ -266,7 +266,8 @@ def test_prepare_manifest_is_the_same_for_a_rebuilt_cache(root, tmp_path, monkey
     assert texts[0] == texts[1] and "sha256" in texts[0] and "build_seconds" not in texts[0]
 
 
-@pytest.mark.parametrize("config", ["configs/transformer_xl/paper/lm1b_large.yaml", "configs/mgk/paper/lra_listops.yaml",
+@pytest.mark.parametrize("config", ["configs/transformer_xl/paper/lm1b_large.yaml",
+                                    "configs/mgk/paper/lra_listops.yaml",
                                     "configs/infinity_former/paper/sort_4000_infty.yaml",
                                     "configs/infinity_former/paper/sort_4000_infty.yaml,"
                                     "configs/rehearsal/SortingDataModule.yaml",  # with the rehearsal's data sizes
@@ -274,8 +275,8 @@ def test_prepare_manifest_is_the_same_for_a_rebuilt_cache(root, tmp_path, monkey
                                     "configs/infinity_former/paper/gpt2_dog_inftyformer.yaml"])
 def test_prepare_builds_the_data_module_of_the_fit_without_its_model(root, tmp_path, monkeypatch, config):
     """`repro prepare` instantiates a config's data module alone (the eleven Transformer-XL paper models took 64 s
-    to build there, 0.8B parameters for lm1b_large): the same class and the same settings as the data module of `repro fit`'s parse
-    (built here with its model on the meta device), and no model built."""
+    to build there, 0.8B parameters for lm1b_large): the same class and the same settings as the data module of
+    `repro fit`'s parse (built here with its model on the meta device), and no model built."""
     import dataclasses
 
     import lightning.pytorch as pl

@@ -58,13 +58,17 @@ def _segment_peak_mb(model, x, mems, mem_len) -> float:
 @torch.inference_mode()
 def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_layer: int = 2, d_model: int = 128,
                   n_head: int = 4, n_basis: int = 256, stm: int | None = None, sampling: str = "linear",
-                  repeats: int = 5, device: str | None = None, models: tuple[str, ...] = ("txl", "infty")) -> list[dict]:
+                  repeats: int = 5, device: str | None = None,
+                  models: tuple[str, ...] = ("txl", "infty")) -> list[dict]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg = TransformerXLConfig(n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_model // n_head,
                               d_inner=2 * d_model, n_token=32, dropout=0.0, tie_weight=False)
     stm = stm or segment
     g = torch.Generator().manual_seed(0)
-    tokens = lambda: torch.randint(0, 32, (batch, segment), generator=g).to(dev)  # noqa: E731
+
+    def tokens():
+        return torch.randint(0, 32, (batch, segment), generator=g).to(dev)
+
     from repro.tracking import hardware
 
     where = hardware() if dev.type == "cpu" else torch.cuda.get_device_name(dev)

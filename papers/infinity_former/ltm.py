@@ -466,7 +466,8 @@ class ContinuousLTM(nn.Module):
         if G is None:
             G = self.ridge_G("update", m, n_new, "cpu")
         G_old = G[:m].detach().double().cpu()
-        psi = read_basis(linear_samples(m).double().cpu(), self.basis_mu.double().cpu(), self.basis_sigma.double().cpu())
+        psi = read_basis(linear_samples(m).double().cpu(), self.basis_mu.double().cpu(),
+                         self.basis_sigma.double().cpu())
         # the nonzero eigenvalues of G_oldᵀ Ψ (N × N) are those of Ψ G_oldᵀ (M × M): the smaller problem
         small = psi @ G_old.T if m <= self.cfg.n_basis else G_old.T @ psi
         return float(torch.linalg.eigvals(small).abs().max())

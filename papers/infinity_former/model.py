@@ -85,7 +85,8 @@ class InfinityFormer(TransformerXL):
 
     def __init__(self, cfg: TransformerXLConfig, ltm: LTMConfig | None):
         if cfg.attention != "relative":
-            raise ValueError("the ∞-former backbone uses Transformer-XL's relative attention: set model.attention: relative")
+            raise ValueError("the ∞-former backbone uses Transformer-XL's relative attention: "
+                             "set model.attention: relative")
         self.__dict__["_ltm_cfg"] = ltm  # read by make_attention during the backbone's construction
         super().__init__(cfg)
         self.ltm_cfg = ltm

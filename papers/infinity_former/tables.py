@@ -109,7 +109,10 @@ def verdict_left(acc: dict[str, dict[int, float | None]], lengths: tuple[int, ..
     drops = {m: acc[m][short] - acc[m][long_] for m in need}
     txl_fastest = drops["txl"] >= max(drops["compressive"], drops["infty"])
     infty_least = drops["infty"] <= min(drops["txl"], drops["compressive"])
-    yes = lambda b: "yes" if b else "no"  # noqa: E731
+
+    def yes(b):
+        return "yes" if b else "no"
+
     return (f"Ours: Transformer-XL best at {short}: {yes(txl_best)}; drop from {short} to {long_} — Transformer-XL "
             f"{drops['txl']:+.3f}, compressive {drops['compressive']:+.3f}, ∞-former {drops['infty']:+.3f}; "
             f"Transformer-XL degrades fastest: {yes(txl_fastest)}; ∞-former degrades least: {yes(infty_least)}.")
@@ -434,8 +437,9 @@ def deviations(path: Path = DEVIATIONS) -> Table:
         tests = row["test"] if isinstance(row["test"], list) else [row["test"]]
         rows.append([*(cell(row[k]) for k in DEVIATION_FIELDS if k != "test"), ", ".join(f"`{t}`" for t in tests)])
     notes = [(f"{len(rows)} deviations, from `papers/infinity_former/deviations.yaml` "
-              "(`repro tables infinity_former`). An effect is a measured number with where it was measured (a committed table, a test's assertion, or "
-              "an entry of `CHANGELOG.md` named in quotes), or \"not measured\".")]
+              "(`repro tables infinity_former`). An effect is a measured number with where it was measured "
+              "(a committed table, a test's assertion, or an entry of `CHANGELOG.md` named in quotes), "
+              "or \"not measured\".")]
     return Table("deviations", "∞-former — deviations from the paper and the authors' code",
                  list(DEVIATION_FIELDS.values()), rows, notes)
 

@@ -241,10 +241,10 @@ def cost_table(results: Results) -> Table:
             name = " + ".join([Path(r["config"][0]).stem, *(Path(c).name for c in r["config"][1:])])
             by[(name, r["mode"])] = r
         for (name, mode), r in sorted(by.items()):
-            prov = bench_provenance(r, f"this repository, `repro bench --mode {mode}` on {', '.join(r['config'])}: {r['parameters']:,} "
-                    f"parameters, {r['device']}, precision {r['precision']}, batch {r['batch_size']} × "
-                    f"{r['tgt_len']} tokens, memory {r['memory']['mem_len']}, median of {r['steps']} steps after "
-                    f"{r['warmup']} warm-up")
+            prov = bench_provenance(r, f"this repository, `repro bench --mode {mode}` on {', '.join(r['config'])}: "
+                    f"{r['parameters']:,} parameters, {r['device']}, precision {r['precision']}, "
+                    f"batch {r['batch_size']} × {r['tgt_len']} tokens, memory {r['memory']['mem_len']}, "
+                    f"median of {r['steps']} steps after {r['warmup']} warm-up")
             base = by.get((name.replace("_lamemo", "_txl"), mode)) if "_lamemo" in name else None
             ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}× TXL" if base else "—"
             rows.append([profile, name, mode, Cell(r["tokens_per_s"], "ours", prov, "{:,.0f}"),
@@ -290,7 +290,8 @@ def deviations_table(path: Path = DEVIATIONS) -> Table:
             raise ValueError(f"{path}: entry {i + 1} ({entry.get('deviation', '?')}) has the fields {sorted(entry)}, "
                              f"not {list(DEVIATION_FIELDS)}")
         if any("|" in str(v) for v in entry.values()):
-            raise ValueError(f"{path}: entry {i + 1} ({entry['deviation']}) has a '|', which would split its table cell")
+            raise ValueError(f"{path}: entry {i + 1} ({entry['deviation']}) has a '|', "
+                             "which would split its table cell")
         rows.append([str(entry[f]) for f in DEVIATION_FIELDS[:-1]] + [f"`{entry['test']}`"])
     return Table("deviations", "LaMemo — deviations from the paper and the authors' code",
                  ["deviation", "paper / authors' code", "ours", "why", "measured effect", "test"], rows,

@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     run = dict(cli.config.get("run", {}) or {})
     out = analyse(module, dm, max_batches=args.batches)
     record = {"paper": run.get("paper"), "experiment": args.experiment or run.get("experiment"),
-              "profile": run.get("profile"), "rehearsal": bool(run.get("rehearsal")), "stage": "utilisation", "checkpoint": args.ckpt,
-              "corpus": getattr(dm, "corpus_name", None), "utilisation": out}
+              "profile": run.get("profile"), "rehearsal": bool(run.get("rehearsal")), "stage": "utilisation",
+              "checkpoint": args.ckpt, "corpus": getattr(dm, "corpus_name", None), "utilisation": out}
     atomic_write_json(args.out, record)
     print(f"{args.out}: memory mass {out['memory_mass']:.3f} over {out['segments']} segments")
 

@@ -398,7 +398,8 @@ class MLKAttention(nn.Module):
         else:
             if mask_TK is not None:  # key padding (B, 1, 1, K): padded keys contribute nothing
                 if mask_TK.dim() != 4 or mask_TK.shape[1] != 1 or mask_TK.shape[2] != 1:
-                    raise ValueError(f"non-causal MLK takes a key padding mask of shape (B, 1, 1, K), got {tuple(mask_TK.shape)}")
+                    raise ValueError("non-causal MLK takes a key padding mask of shape (B, 1, 1, K), "
+                                     f"got {tuple(mask_TK.shape)}")
                 phi_k = phi_k * (~mask_TK).to(phi_k.dtype).reshape(b, 1, -1, 1)
             kv = torch.einsum("bhke,bhkf->bhef", phi_k, v)
             num = phi_q @ kv

@@ -55,14 +55,16 @@ LRA_LEARNING = [
 PROFILES = ("tiny", "small", "paper")
 CLAIMS_SMALL = Path("configs/mgk/small/claims.yaml")
 LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
-TASK_LABEL = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image", "pathfinder": "Pathfinder"}
+TASK_LABEL = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image",
+              "pathfinder": "Pathfinder"}
 TINY_TASKS = ("listops",)  # the tiny profile generates a small ListOps; the other tasks need their downloads
 
 
 def variant_of(label: str) -> str:
     """'MGK 4 heads' → mgk4, 'sMGK + Soft-E' → smgk1_softe (the learning-options table uses 1 head)."""
     name, _, rest = label.partition(" ")
-    family = {"Softmax": "softmax", "MGK": "mgk", "sMGK": "smgk", "Linear": "linear", "MLK": "mlk", "sMLK": "smlk"}[name]
+    family = {"Softmax": "softmax", "MGK": "mgk", "sMGK": "smgk", "Linear": "linear", "MLK": "mlk",
+              "sMLK": "smlk"}[name]
     if "Soft-E" in rest:
         return f"{family}1_softe"
     if "Hard-E" in rest:
@@ -72,7 +74,8 @@ def variant_of(label: str) -> str:
     return f"{family}{rest.split()[0]}"
 
 
-def seed_values(results: Results, profile: str, experiment: str, key: str = "test/acc") -> tuple[list[float], list[dict]]:
+def seed_values(results: Results, profile: str, experiment: str,
+                key: str = "test/acc") -> tuple[list[float], list[dict]]:
     """The metric of every seed of an experiment (`<experiment>` or `<experiment>.seed<N>`), test stage."""
     vals, recs = [], []
     for (p, exp, stage), rec in sorted(results.records.items()):
@@ -227,9 +230,10 @@ def efficiency(results: Results) -> Table:
                 a, b = by.get((profile, ours, length)), by.get((profile, base, length))
                 if a is None or b is None:
                     continue
-                prov = bench_provenance(a, f"this repository, `repro bench-attention`, profile `{profile}`: the paper's LRA classifier "
-                        f"(2 layers, width 64), batch {a['batch_size']}, {a['device']}, precision {a['precision']}, "
-                        f"median of {a['steps']} steps after {a['warmup']} warm-up, torch {a['torch']}")
+                prov = bench_provenance(a, f"this repository, `repro bench-attention`, profile `{profile}`: the "
+                        f"paper's LRA classifier (2 layers, width 64), batch {a['batch_size']}, {a['device']}, "
+                        f"precision {a['precision']}, median of {a['steps']} steps after {a['warmup']} warm-up, "
+                        f"torch {a['torch']}")
                 cells = [Cell(profile), Cell(str(length)), Cell(f"{ours} / {base}")]
                 for key, fmt, scale in (("parameters", "{:,.0f}", 1), ("flops_forward", "{:.2f}", 1e-9),
                                         ("ms_per_step", "{:.1f}", 1), ("saved_activation_mb", "{:.1f}", 1)):

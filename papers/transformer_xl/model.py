@@ -71,7 +71,8 @@ class TransformerXLConfig:
         if self.attention not in ("relative", "absolute"):
             raise ValueError(f"model.attention is 'relative' or 'absolute', got {self.attention!r}")
         if self.tie_projs is not None and len(self.tie_projs) != len(self.cutoffs) + 1:
-            raise ValueError(f"tie_projs needs {len(self.cutoffs) + 1} entries (one per cluster), got {len(self.tie_projs)}")
+            raise ValueError(f"tie_projs needs {len(self.cutoffs) + 1} entries (one per cluster), "
+                             f"got {len(self.tie_projs)}")
         if self.d_model % 2:
             raise ValueError("d_model must be even (sinusoid positions come in sin/cos pairs)")
 

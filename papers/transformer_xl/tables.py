@@ -90,8 +90,8 @@ TINY_ABLATION = [
 PROFILES = ("tiny", "small", "paper")
 CLAIMS_SMALL = Path("configs/transformer_xl/small/claims.yaml")
 # `repro runs` names an unseeded spec's experiment without a `.seed` suffix; it runs with the CLI's default seed
-# (repro/cli/lightning_cli.py SEED). The small profile's unseeded runs are the ones txl_recl and txl_generate read, and the
-# claims call them seed 1111.
+# (repro/cli/lightning_cli.py SEED). The small profile's unseeded runs are the ones txl_recl and txl_generate read,
+# and the claims call them seed 1111.
 DEFAULT_SEED = 1111
 
 
@@ -115,8 +115,8 @@ TINY_NOTE = ("Tiny profile: models of 0.9–1.6M parameters trained for 400 step
 
 PROTOCOL_NOTE = ("Our test numbers use each experiment's evaluation config (`*.eval.yaml`: Transformer-XL's "
                  "protocol, longer memory, clamped distances, same_length; tiny: memory 256, clamp 128, segments "
-                 "of 32; small: memory 128, segments of 32), on the test split, with the reference's streams: the tail that does not fill the 10 "
-                 "evaluation streams is not scored.")
+                 "of 32; small: memory 128, segments of 32), on the test split, with the reference's streams: "
+                 "the tail that does not fill the 10 evaluation streams is not scored.")
 
 
 def _baseline_rows(baselines) -> list[list]:
@@ -131,8 +131,8 @@ def table1(results: Results) -> Table:
         rows.append([label, f"{PAPER_PARAMS[exp] / 1e6:.0f}M", _params(results, exp),
                      paper_cell(TABLE1_WT103[exp]), *_ours(results, exp, "test/ppl", "{:.2f}")])
     return Table("table1_wt103", "Table 1 — WikiText-103, test perplexity",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-word)", "ours: small (embedded-word)",
-                  "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-word)",
+                  "ours: small (embedded-word)", "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE,
                         "Parameters: the large model's official script (18 layers) builds 285.2M parameters, not "
                         "the 257M the paper reports; see papers/transformer_xl/README.md."])
@@ -148,7 +148,8 @@ def table2(results: Results) -> Table:
                      paper_cell(TABLE2_ENWIK8[exp]), *ours])
     rows += _baseline_rows(TABLE2_BASELINES)
     return Table("table2_enwik8", "Table 2 — enwik8, test bits per character",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-char)", "ours: small", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-char)", "ours: small",
+                  "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE])
 
 
@@ -157,7 +158,8 @@ def table3(results: Results) -> Table:
              *_ours(results, "text8_24l", "test/bpc", "{:.3f}")]]
     rows += _baseline_rows(TABLE3_BASELINES)
     return Table("table3_text8", "Table 3 — text8, test bits per character",
-                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-text8)", "ours: small", "ours: paper profile"],
+                 ["model", "params (paper)", "params (ours)", "paper", "ours: tiny (embedded-text8)", "ours: small",
+                  "ours: paper profile"],
                  rows, [TINY_NOTE, PROTOCOL_NOTE])
 
 
@@ -376,8 +378,9 @@ def table5(results: Results, described: list[dict]) -> Table:
              "`<eos>` after every line, vocabulary counted on all three splits as the reference does (10,000 "
              "symbols).",
              "Tiny stand-in (`configs/transformer_xl/tiny/ptb.yaml`): a 4-layer word-level model with a full "
-             "softmax and ordinary dropout 0.1, 300 steps, evaluated with memory 280 and same_length, on `embedded-word` (Python's documentation, 0.33M training tokens, a third of PTB's "
-             "size); it shows the pipeline, not the paper's number."]
+             "softmax and ordinary dropout 0.1, 300 steps, evaluated with memory 280 and same_length, on "
+             "`embedded-word` (Python's documentation, 0.33M training tokens, a third of PTB's size); it shows "
+             "the pipeline, not the paper's number."]
     return Table("table5_ptb", "Table 5 — Penn Treebank (word level), test perplexity",
                  ["model", "params (paper)", "params (ours, describe)", "paper", "ours: tiny stand-in", "ours: small",
                   "ours: paper profile"], rows, notes)
@@ -526,7 +529,8 @@ def load_deviations(path: Path = DEVIATIONS) -> list[dict[str, str]]:
     out = []
     for i, entry in enumerate(entries, 1):
         if not isinstance(entry, dict) or set(entry) != set(DEVIATION_FIELDS):
-            raise ValueError(f"{path}: entry {i} has the fields {sorted(entry) if isinstance(entry, dict) else entry!r}; "
+            fields = sorted(entry) if isinstance(entry, dict) else entry
+            raise ValueError(f"{path}: entry {i} has the fields {fields!r}; "
                              f"each entry has exactly {', '.join(DEVIATION_FIELDS)}")
         for key, value in entry.items():
             if not isinstance(value, str) or not value.strip() or "|" in value:

@@ -96,7 +96,7 @@ def _prepare(args) -> None:
     rehearsal = getattr(args, "rehearsal", "false") == "true"
     for path in paths:
         if rehearsal:  # the data modules' rehearsal sizes (configs/rehearsal/), e.g. a few generated ListOps trees
-            from repro.cli.rehearsal import data_overrides
+            from repro.cli.rehearsal_configs import data_overrides
 
             dm = data_module([path, *data_overrides(path)])
         else:
@@ -216,7 +216,8 @@ def main(argv: list[str], papers: dict[str, dict[str, tuple]] | None = None) -> 
                    help="time the compiled model (as repro fit --run.compile true); warm-up includes compilation")
     b.add_argument("--attention", choices=["auto", "eager", "sdpa"], default="auto",
                    help="attention kernel (repro.nn.attention): auto = sdpa on a GPU, eager on a CPU")
-    b.add_argument("--override", action="append", default=[], help="extra CLI override, e.g. --override=--model.init_args.model.dropout=0")
+    b.add_argument("--override", action="append", default=[],
+                   help="extra CLI override, e.g. --override=--model.init_args.model.dropout=0")
     b.add_argument("--output", help="also write the JSON lines to this file")
     b.add_argument("--rehearsal", choices=["true", "false"], default="false",
                    help="true: one timed step, no warm-up, batch size 2 unless --batch-size (the paper profile's "

@@ -4,14 +4,14 @@ reached 64 GB, nothing checked the free space, and a full disk ended stages in 2
 device` tracebacks).
 
 A fit's checkpoint holds its weights, the optimiser's state and the saved buffers (`checkpoint_bytes`), and a
-segment-recurrent LM's training memory (`memory_bytes`), the models built on the meta device (no memory, a fraction of a second each once the paper's code is imported). A fit keeps
-`A.ckpt`, and with `--run.select` also `A.last.ckpt`, unless the two are one file: a fit whose only validation
-comes at its end (a rehearsal's) selects its final state, and `repro.cli.checkpoints.finish_selection` links
-them; any other selecting fit is counted with both, as nothing tells beforehand which step it will select. While a
-fit saves, more files sit side by side (`Fit.peak`): each of the `jobs` fits running at once adds those of the
-largest models. Checkpoints already at the paths a fit writes are replaced, not added. Not counted: the data
-caches (built before by the data stages) and DVC's cache (hard links in the rehearsal, copies under DVC's default
-settings).
+segment-recurrent LM's training memory (`memory_bytes`), the models built on the meta device (no memory, a fraction of a
+second each once the paper's code is imported). A fit keeps `A.ckpt`, and with `--run.select` also `A.last.ckpt`, unless
+the two are one file: a fit whose only validation comes at its end (a rehearsal's) selects its final state, and
+`repro.cli.checkpoints.finish_selection` links them; any other selecting fit is counted with both, as nothing tells
+beforehand which step it will select. While a fit saves, more files sit side by side (`Fit.peak`): each of the `jobs`
+fits running at once adds those of the largest models. Checkpoints already at the paths a fit writes are replaced, not
+added. Not counted: the data caches (built before by the data stages) and DVC's cache (hard links in the rehearsal,
+copies under DVC's default settings).
 
 Built on `repro.cli.cli.build`; `repro.cli.runs` and `repro.cli.rehearsal` call it. A command that has not
 imported torch (the parent of `repro runs --jobs N`, `repro rehearse`) sizes the models in a child process

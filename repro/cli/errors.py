@@ -60,7 +60,8 @@ def one_line(message: str) -> str:
         hint = f" (did you mean --{full[: len(full) - len(key)]}{near}?)" if near else ""
         return f"unknown option --{full} for {cls.rsplit('.', 1)[-1]}{hint}"
     # the trainer's or run's misspelt key: on the command line, in a config file, or in one a command builds
-    unknown = (re.search(r"(?:unrecognized arguments: --|does not accept option '|Option ')(trainer|run)\.([\w.]+)", text)
+    unknown = (re.search(r"(?:unrecognized arguments: --|does not accept option '|Option ')"
+                         r"(trainer|run)\.([\w.]+)", text)
                or re.search(r"Group '(trainer|run)' does not accept option '([\w.]+)'", text))
     if unknown:
         import difflib

@@ -132,8 +132,8 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.record", type=str | None, default=None,
                             help="write this run's metrics and provenance to this JSON file")
         parser.add_argument("--run.checkpoint", type=str | None, default=None,
-                            help="fit: save the final checkpoint here (atomically; with --run.select, the selected one); "
-                                 "with --run.select or --run.resume and no PATH: "
+                            help="fit: save the final checkpoint here (atomically; with --run.select, the selected "
+                                 "one); with --run.select or --run.resume and no PATH: "
                                  "checkpoints/<paper>/<profile>/<experiment>.ckpt (profile 'rehearsal' in a rehearsal)")
         parser.add_argument("--run.select", type=str | None, default=None,
                             help="fit: model selection as the authors' scripts, METRIC:min|max (e.g. val/loss:min): "
@@ -362,7 +362,8 @@ class ReproCLI(LightningCLI):
         if self._default_ckpt is not None and self.trainer.global_rank == 0:
             flag, path = self._default_ckpt
             print(f"repro: checkpoint {shown_path(path)} ({flag} without --run.checkpoint: the default for paper "
-                  f"{run.get('paper')}, profile {default_profile(run)}, experiment {run.get('experiment')})", flush=True)
+                  f"{run.get('paper')}, profile {default_profile(run)}, experiment {run.get('experiment')})",
+                  flush=True)
         if sub == "fit" and run.get("resume") and not cfg.get("ckpt_path"):
             if not run.get("checkpoint"):
                 raise ValueError("--run.resume continues from the last checkpoint beside --run.checkpoint: "

@@ -106,7 +106,8 @@ def swapped(root: Path, profile: str):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError("another `repro profile` run holds .dvc/tmp/repro-profile.lock; wait for it to end")
+            raise RuntimeError(
+                "another `repro profile` run holds .dvc/tmp/repro-profile.lock; wait for it to end") from None
         if restore(root):
             print("repro profile: restored params.yaml and dvc.lock left swapped by an interrupted run", flush=True)
         index = _index_entries(root)
@@ -136,7 +137,8 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="repro profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("profile", help="a profile with a params.<profile>.yaml (small, paper)")
-    ap.add_argument("stages", nargs="*", help="stages to reproduce (default: all), as for `dvc repro`; shell globs such as 'lamemo_*' work")
+    ap.add_argument("stages", nargs="*",
+                    help="stages to reproduce (default: all), as for `dvc repro`; shell globs such as 'lamemo_*' work")
     ap.add_argument("--force", "-f", action="store_true", help="`dvc repro -f`: rerun even if nothing changed")
     ap.add_argument("--commit", action="store_true",
                     help="record the named stages in the profile's lock without running them (`dvc commit -f`): "

@@ -9,8 +9,8 @@ batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA 
 
 It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
 and `mlflow.db` of the real profiles are never touched. Its summary (`<workdir>/summary.json`) lists each stage's
-seconds, exit code and peak RSS (the largest process of the stage, `repro.ops.rss`; each rank's for the DDP fits). Its records carry `rehearsal: true` and its tables label
-those cells "rehearsal", never as results.
+seconds, exit code and peak RSS (the largest process of the stage, `repro.ops.rss`; each rank's for the DDP fits). Its
+records carry `rehearsal: true` and its tables label those cells "rehearsal", never as results.
 
     repro rehearse                      # every stage of the four papers
     repro rehearse --subset ci          # one full-size experiment per paper, download → table (CI)
@@ -30,7 +30,7 @@ from pathlib import Path
 
 # the configs that turn a paper experiment into its rehearsal; `repro runs --rehearsal true` composes them too, and
 # they live below both commands (`repro.cli.runs` imports them, and this module imports `repro.cli.runs`)
-from repro.cli.rehearsal_configs import REHEARSAL_CONFIGS, config_overrides, data_overrides  # noqa: F401
+from repro.cli.rehearsal_configs import config_overrides
 
 # One experiment per paper at its full size, from download to table (`--subset ci`): the stages in order. The
 # tables stages run with `-s` (single item): their inputs are the runs above, not every group of the paper.

@@ -224,7 +224,7 @@ def _run_workers(args, jobs: int) -> None:
     print(f"repro runs: {len(args.specs)} experiments, {jobs} workers of {threads} thread{'s' * (threads > 1)}",
           flush=True)
     procs = []
-    for k in range(jobs):
+    for _ in range(jobs):
         cmd = [sys.executable, "-m", "repro", "runs", *fixed, "--jobs", "1", "--threads", str(threads),
                "--queue", str(queue), "--check-jobs", str(jobs), *args.specs]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))

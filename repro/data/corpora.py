@@ -47,7 +47,8 @@ class CorpusSpec:
     build: Callable[[Path], Built]
     description: str
     # raised when the builder's output changes, so that caches built before are rebuilt (a cache without one is 1).
-    # wt103 and ptb 2: lines read as the reference reads them, not with `str.splitlines` (tests/parity/test_data_parity.py)
+    # wt103 and ptb 2: lines read as the reference reads them, not with `str.splitlines`
+    # (tests/parity/test_data_parity.py)
     revision: int = 1
 
 

@@ -13,7 +13,10 @@ split. Three stand-ins for the papers' corpora are derived from it:
 |---|---|---|
 | `embedded-char` | enwik8 | the UTF-8 bytes, newlines kept |
 | `embedded-text8` | text8 | lower-cased, every run of characters outside a-z turned into one space |
-| `embedded-word` | WikiText-103 | WikiText-style tokens (words, numbers and punctuation split), words seen fewer than 3 times in train replaced by `<unk>` in all splits (WikiText's rule), `<eos>` per line |
+| `embedded-word` | WikiText-103 | WikiText-style tokens (words, numbers and punctuation split), rare words as `<unk>` |
+
+In `embedded-word`, words seen fewer than 3 times in train become `<unk>` in all splits (WikiText's rule), and every
+line ends with `<eos>`.
 
 The text depends on the Python version (it is that version's documentation): `meta.json` of each built corpus
 records the version and the SHA-256 of the text, and tables cite them.

@@ -68,7 +68,8 @@ def read_imdb(source: str | os.PathLike) -> dict[str, list[tuple[bytes, int]]]:
             raise ChecksumError(f"{source} is not a readable IMDb archive ({err}); delete it and its .sha256 and run "
                                 "again to download it afresh") from err
     if not out["train"] or not out["test"]:
-        raise ValueError(f"{source} holds no aclImdb/{{train,test}}/{{pos,neg}}/*.txt reviews: is it aclImdb_v1.tar.gz?")
+        raise ValueError(f"{source} holds no aclImdb/{{train,test}}/{{pos,neg}}/*.txt reviews: "
+                         "is it aclImdb_v1.tar.gz?")
     return {s: [(text, label) for _, text, label in sorted(rows)] for s, rows in out.items()}
 
 

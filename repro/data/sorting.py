@@ -215,7 +215,8 @@ class SortSegments:
                               self.tgt[lo : lo + self.per, a : a + self.tgt_len], j == 0, j == s - 1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed": self._consumed, "geometry": [self.batch_size, self.tgt_len, self.n_groups, len(self.starts)]}
+        return {"consumed": self._consumed,
+                "geometry": [self.batch_size, self.tgt_len, self.n_groups, len(self.starts)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if list(state["geometry"]) != [self.batch_size, self.tgt_len, self.n_groups, len(self.starts)]:

@@ -146,7 +146,7 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
     if _stamp_matches(stamp, files, source=f"{zip_path.name} sha256:{digest}"):
         return files
     (folder / _STAMP).unlink(missing_ok=True)  # the files are about to change: invalid until all three are done
-    for s, path in files.items():
+    for path in files.values():
         extract_member(zip_path, f"wikitext-103/{path.name}", path)
     atomic_write_json(folder / _STAMP, {"source": f"{zip_path.name} sha256:{digest}",
                                          "sizes": {s: p.stat().st_size for s, p in files.items()}})

@@ -34,7 +34,8 @@ from repro.nn.dropout import Dropout, dropout_matmul
 
 
 def sinusoid_table(pos_seq: torch.Tensor, d_model: int) -> torch.Tensor:
-    """(len(pos_seq), d_model): [sin(p·f), cos(p·f)] with f = 1/10000^(2i/d), as the reference's `PositionalEmbedding`."""
+    """(len(pos_seq), d_model): [sin(p·f), cos(p·f)] with f = 1/10000^(2i/d), as the reference's
+    `PositionalEmbedding`."""
     inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=pos_seq.device) / d_model))
     angles = torch.outer(pos_seq.float(), inv_freq)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)

@@ -21,15 +21,15 @@ float32 on a GPU counts against the plain float32 peak unless TF32 products are 
 (`torch.backends.cuda.matmul.allow_tf32`), then against TF32's.
 
 Options of the timed step: `compile` (`nn.Module.compile` of the model's compile units, as `repro fit
---run.compile true`: `SegmentLM.compile_model`; a string is torch.compile's mode, e.g. `reduce-overhead`), `attention` (the kernel of `repro.nn.attention`), and the
-optimiser of the module's `configure_optimizers` (fused on a GPU). Warm-up steps are excluded (with `compile`,
-they include the compilation of each memory length's graph). `peak_memory_mb` is the CUDA allocator's peak on a GPU; on the CPU it is the
-process's peak resident memory (the model, the data and the Python runtime included). `forward_tensor_peak_mb`,
-on any device, is the peak of the tensors one forward pass creates (activations, attention scores; not the
-weights, the input or the carried memory that existed before it), measured without gradients on one extra
-untimed segment by `repro.ops.memtrack.TensorPeak`. Tokens come from the config's corpus when it is built, otherwise they are drawn
-from a Zipf distribution over the vocabulary (the vocabularies are frequency-sorted, so this exercises the
-adaptive softmax clusters roughly as real text does); the output says which.
+--run.compile true`: `SegmentLM.compile_model`; a string is torch.compile's mode, e.g. `reduce-overhead`), `attention`
+(the kernel of `repro.nn.attention`), and the optimiser of the module's `configure_optimizers` (fused on a GPU). Warm-up
+steps are excluded (with `compile`, they include the compilation of each memory length's graph). `peak_memory_mb` is the
+CUDA allocator's peak on a GPU; on the CPU it is the process's peak resident memory (the model, the data and the Python
+runtime included). `forward_tensor_peak_mb`, on any device, is the peak of the tensors one forward pass creates
+(activations, attention scores; not the weights, the input or the carried memory that existed before it), measured
+without gradients on one extra untimed segment by `repro.ops.memtrack.TensorPeak`. Tokens come from the config's corpus
+when it is built, otherwise they are drawn from a Zipf distribution over the vocabulary (the vocabularies are
+frequency-sorted, so this exercises the adaptive softmax clusters roughly as real text does); the output says which.
 """
 
 from __future__ import annotations

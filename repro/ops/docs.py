@@ -73,7 +73,8 @@ def file_block(path: str) -> str:
     """A generated table's markdown without its `# title` line (the README gives its own heading)."""
     p = Path(path)
     if not (p.parts and p.parts[0] == "results" and p.suffix == ".md" and ".." not in p.parts):
-        raise ValueError(f"a file block shows a generated table under results/ (results/<paper>/<table>.md), not {path}")
+        raise ValueError("a file block shows a generated table under results/ (results/<paper>/<table>.md), "
+                         f"not {path}")
     if not p.exists():
         raise ValueError(f"{path} does not exist: run `repro tables` for its paper first")
     lines = p.read_text().splitlines()

@@ -1,4 +1,4 @@
-"""Document-grounded dialogue as ordered pieces: the official input layout, chunking, response contexts, the data module.
+"""Document-grounded dialogue as ordered pieces: the official input layout, chunking, response contexts, data module.
 
 The data come from `repro.text.cmudog` (the reader of CMU-DoG, github festvox/datasets-CMU_DoG; PAPERS.md §2) or
 from a generated set in the same layout (`repro.text.dialogue_tiny`), both read into `Conversation`s by

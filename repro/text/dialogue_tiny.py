@@ -59,7 +59,7 @@ def generate_tiny_dog(root: str | os.PathLike, *, n_docs: int = 12, conversation
         names = rng.sample(_NAMES, people)
         facts = []
         for n in names:
-            for attr, (values, statement, question) in _FACTS.items():
+            for attr, (values, *_) in _FACTS.items():
                 facts.append((n, attr, rng.choice(values)))
         rng.shuffle(facts)
         fill = [rng.choice(_FILLER) for _ in range(filler)]
@@ -76,7 +76,7 @@ def generate_tiny_dog(root: str | os.PathLike, *, n_docs: int = 12, conversation
         atomic_write_json(root / "WikiData" / f"village_{d:02d}.json", doc)
     k = 0
     for split in SPLITS:
-        for i in range(counts[split]):
+        for _ in range(counts[split]):
             d = rng.randrange(n_docs)
             doc, facts = docs[d]
             history = [{"text": "hi! did you read about the village?", "uid": "user1", "docIdx": 0},

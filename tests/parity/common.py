@@ -91,7 +91,8 @@ def on_path(directory: Path):
 
 
 def enlarge_(module: torch.nn.Module, *, std: float = 0.2, seed: int = 0) -> None:
-    """Re-draw every parameter so that each mechanism matters: matrices and biases N(0, std), LayerNorm gains 1 + N(0, std).
+    """Re-draw every parameter so that each mechanism matters: matrices and biases N(0, std), LayerNorm gains
+    1 + N(0, std).
 
     Default initialisations (N(0, 0.02), zero biases) leave memories and biases too small to move a loss beyond
     the tolerance; with these a broken mechanism changes the outputs by far more than `TOLERANCE`.

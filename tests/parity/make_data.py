@@ -9,7 +9,8 @@ encoding, the settings `train.py` uses per dataset) and `LMOrderedIterator` (the
 MGK's language-model code carry the same `Corpus` and `Vocab` (their `data_utils.py` adds iterators). Saved per
 corpus: the vocabulary's size (and its symbols' digest for word corpora), every split's length, the sha256 of its
 ids (int32, little-endian), its first and last ids, and the sha256 of the batches
-`LMOrderedIterator(split, bsz=4, bptt=37)` yields (inputs and targets, time-first, concatenated). The test builds the same corpora with ours and compares all of it.
+`LMOrderedIterator(split, bsz=4, bptt=37)` yields (inputs and targets, time-first, concatenated). The test builds the
+same corpora with ours and compares all of it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
-from tests.parity import data_sources  # noqa: E402
-from tests.parity.common import checkout_commit, on_path, save_fixture  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.parity import data_sources
+from tests.parity.common import HERE, checkout_commit, on_path, save_fixture
 
 OUT = HERE / "data"
 BSZ, BPTT = 4, 37
@@ -98,7 +98,8 @@ def main() -> None:
         raise SystemExit("usage: python tests/parity/make_data.py PATH/TO/transformer-xl PATH/TO/awd-lstm-lm")
     txl, awd = Path(sys.argv[1]), Path(sys.argv[2])
     if not (txl / "pytorch" / "data_utils.py").is_file() or not (txl / "prep_text8.py").is_file():
-        raise SystemExit(f"{txl}: no pytorch/data_utils.py or prep_text8.py; pass a checkout of kimiyoung/transformer-xl")
+        raise SystemExit(f"{txl}: no pytorch/data_utils.py or prep_text8.py; "
+                         "pass a checkout of kimiyoung/transformer-xl")
     if not (awd / "data" / "enwik8" / "prep_enwik8.py").is_file():
         raise SystemExit(f"{awd}: no data/enwik8/prep_enwik8.py; pass a checkout of salesforce/awd-lstm-lm")
     commits = {"txl": checkout_commit(txl), "awd": checkout_commit(awd)}

@@ -256,7 +256,8 @@ def make_perplexity(ns: dict, meta: dict) -> None:
     evaluator.run(loader)
     average_nll = float(evaluator.state.metrics["nll"])
     tensors = {"output.nll": torch.cat([r[0] for r in rows]).double(), "output.scored": torch.cat([r[1] for r in rows]),
-               "output.lengths": torch.tensor([r[2] for r in rows]), "output.positions": torch.tensor([r[3] for r in rows]),
+               "output.lengths": torch.tensor([r[2] for r in rows]),
+               "output.positions": torch.tensor([r[3] for r in rows]),
                "output.average_nll": torch.tensor(average_nll, dtype=torch.float64)}
     save_fixture(OUT / "perplexity.pt", tensors, {**meta, "case": "perplexity", "max_len": max_len, "vocab": vocab})
 

@@ -1,4 +1,5 @@
-"""Regenerate the LaMemo parity fixtures from a checkout of thu-coai/LaMemo: `python tests/parity/make_lamemo.py CHECKOUT`.
+"""Regenerate the LaMemo parity fixtures from a checkout of thu-coai/LaMemo:
+`python tests/parity/make_lamemo.py CHECKOUT`.
 
 Follows the shared convention of `tests/parity/common.py`. The authors' `pytorch/mem_transformer.py`
 (`MemTransformerLM` with attn_type 3, 31, 32, 33) is imported from CHECKOUT with run-time shims only (a CUDA

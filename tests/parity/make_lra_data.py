@@ -14,7 +14,8 @@ miniature archive (labels by its class names neg, pos), CIFAR-10 pictures in the
 Saved: every example's tokens (ListOps: the symbols, decoded by the pipeline's own encoder; text: the ids), its
 label and its length in the pickle; the grey levels of every picture of the test split (which the pipeline keeps in
 order); which training pictures `train[:90%]` and `train[90%:]` serve, in order, after the CIFAR-10 builder of
-TensorFlow Datasets prepared a miniature of the binary release (its download shimmed to a local folder). The pipelines shuffle some splits: the test compares each split as a sorted list.
+TensorFlow Datasets prepared a miniature of the binary release (its download shimmed to a local folder). The pipelines
+shuffle some splits: the test compares each split as a sorted list.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import lra_sources as src  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lra_sources as src
 
+HERE = Path(__file__).resolve().parent
 OUT = HERE / "data" / "lra.json"
 
 
@@ -46,7 +47,7 @@ def commit_of(checkout: Path) -> str:
         marker = checkout / "COMMIT"
         if marker.is_file():
             return marker.read_text().strip()
-        raise SystemExit(f"{checkout}: no git history and no COMMIT file")
+        raise SystemExit(f"{checkout}: no git history and no COMMIT file") from None
 
 
 def pipeline(lra: Path, task: str):
@@ -219,7 +220,8 @@ def main() -> None:
     os.replace(tmp_out, OUT)
     print(f"{OUT}: listops {[len(fixture['listops'][s]) for s in ('train', 'valid', 'test')]}, text "
           f"{[len(fixture['text'][s]) for s in ('train', 'valid', 'test')]}, retrieval "
-          f"{[len(fixture['retrieval'][s]) for s in ('train', 'valid', 'test')]}, image {len(fixture['image']['labels'])}")
+          f"{[len(fixture['retrieval'][s]) for s in ('train', 'valid', 'test')]}, "
+          f"image {len(fixture['image']['labels'])}")
 
 
 if __name__ == "__main__":

@@ -291,7 +291,8 @@ def make_counts(mt, attention_mod, model_mod, commit: str) -> None:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python tests/parity/make_mgk.py PATH/TO/transformer-mgk (a checkout of the authors' code)")
+        raise SystemExit("usage: python tests/parity/make_mgk.py PATH/TO/transformer-mgk "
+                         "(a checkout of the authors' code)")
     checkout = Path(sys.argv[1])
     commit = checkout_commit(checkout)
     install_shims()

@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
-from repro.ops.sidebyside import byte_masks_as_bool as shims  # noqa: E402  (the benchmark's shim, the same)
-from tests.parity.common import checkout_commit, enlarge_, on_path, save_fixture  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from repro.ops.sidebyside import byte_masks_as_bool as shims  # the benchmark's shim, the same
+from tests.parity.common import HERE, checkout_commit, enlarge_, on_path, save_fixture
 
 OUT = HERE / "transformer_xl"
 REPO = "kimiyoung/transformer-xl"

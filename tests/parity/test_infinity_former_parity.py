@@ -301,7 +301,8 @@ def test_paper_config_parameter_counts_equal_the_official():
 MODEL_FIXTURE = FIXTURES / "model_sorting.pt"
 # their MemTransformerLM with the LTM -> ours (InfinityFormer): Transformer-XL's names, the LTM's, the output layer
 MODEL_LTM_PREFIX = (r"layers\.(\d+)\.dec_attn\.long_term_attention\.", r"layers.\1.attn.ltm.")
-MODEL_UNUSED = (r"layers\.\d+\.dec_attn\.qkv_net_\.weight", r"layers\.\d+\.dec_attn\.long_term_attention\.proj_query\.weight")
+MODEL_UNUSED = (r"layers\.\d+\.dec_attn\.qkv_net_\.weight",
+                r"layers\.\d+\.dec_attn\.long_term_attention\.proj_query\.weight")
 
 
 def _model_name(key: str) -> str | None:

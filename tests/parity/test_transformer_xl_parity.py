@@ -232,7 +232,8 @@ def test_eval_protocol_is_eval_py():
 
 
 def _paper_configs():
-    return sorted(p for p in (ROOT / "configs/transformer_xl/paper").glob("*.yaml") if not p.name.endswith(".eval.yaml"))
+    return sorted(p for p in (ROOT / "configs/transformer_xl/paper").glob("*.yaml")
+                  if not p.name.endswith(".eval.yaml"))
 
 
 @pytest.mark.parametrize("path", _paper_configs(), ids=lambda p: p.stem)

@@ -1,19 +1,23 @@
 """A local mirror of every paper-profile source, in the real formats, served from 127.0.0.1: the rehearsal's network.
 
 `build_mirror(root)` writes miniature copies of every archive the paper profile downloads, laid out as the real
-ones (the same archive names, member paths, file formats and encodings; only the contents are small and made up):
+ones (the same archive names, member paths, file formats and encodings; only the contents are small and made up);
+each source's real URLs (rewritten to the mirror) → what the code reads:
 
-| source | real URL (rewritten to the mirror) | what the code reads |
-|---|---|---|
-| WikiText-103 | wikitext.smerity.com/wikitext-103-v1.zip, …-raw-v1.zip | `wikitext-103/wiki.*.tokens`, `wikitext-103-raw/wiki.*.raw` |
-| enwik8, text8 | mattmahoney.net/dc/{enwik8,text8}.zip | member `enwik8` / `text8`, 10^8 bytes each (as the real ones) |
-| One Billion Word | statmt.org/lm-benchmark/…-r13output.tar.gz, github.com/rafaljozefowicz/lm/raw/master/1b_word_vocab.txt | 99 training shards, 50 held-out shards; `word count` lines |
-| PTB | fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz | `./simple-examples/data/ptb.*.txt` |
-| CMU-DoG | github.com/festvox/datasets-CMU_DoG/archive/<commit>.zip | `datasets-CMU_DoG-<commit>/{Conversations,WikiData}` |
-| LRA | storage.googleapis.com/long-range-arena/lra_release.gz | `lra_release/{listops-1000,tsv_data,pathfinder32}` |
-| IMDb, CIFAR-10 | ai.stanford.edu/…/aclImdb_v1.tar.gz, cs.toronto.edu/…/cifar-10-python.tar.gz | reviews; python pickle batches |
-| PG-19 | Hugging Face dataset `emozilla/pg19` | parquet shards + a dataset card with `configs` |
-| GPT-2 | Hugging Face model `gpt2` | `save_pretrained` checkpoint, a 50,257-symbol byte-level BPE |
+- WikiText-103: wikitext.smerity.com/wikitext-103-v1.zip, …-raw-v1.zip → `wikitext-103/wiki.*.tokens`,
+  `wikitext-103-raw/wiki.*.raw`
+- enwik8, text8: mattmahoney.net/dc/{enwik8,text8}.zip → member `enwik8` / `text8`, 10^8 bytes each (as the real ones)
+- One Billion Word: statmt.org/lm-benchmark/…-r13output.tar.gz,
+  github.com/rafaljozefowicz/lm/raw/master/1b_word_vocab.txt → 99 training shards, 50 held-out shards; `word count`
+  lines
+- PTB: fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz → `./simple-examples/data/ptb.*.txt`
+- CMU-DoG: github.com/festvox/datasets-CMU_DoG/archive/<commit>.zip →
+  `datasets-CMU_DoG-<commit>/{Conversations,WikiData}`
+- LRA: storage.googleapis.com/long-range-arena/lra_release.gz → `lra_release/{listops-1000,tsv_data,pathfinder32}`
+- IMDb, CIFAR-10: ai.stanford.edu/…/aclImdb_v1.tar.gz, cs.toronto.edu/…/cifar-10-python.tar.gz → reviews; python pickle
+  batches
+- PG-19: Hugging Face dataset `emozilla/pg19` → parquet shards + a dataset card with `configs`
+- GPT-2: Hugging Face model `gpt2` → `save_pretrained` checkpoint, a 50,257-symbol byte-level BPE
 
 Layout of `root`: `files/<host>/<path>` (a source URL's host and path) with `files/SHA256SUMS`, and `hub/` in the
 Hugging Face cache layout (`models--gpt2/`, `datasets--emozilla--pg19/`: `refs/main` + `snapshots/<rev>/…`).

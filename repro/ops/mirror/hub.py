@@ -109,10 +109,12 @@ def build_pg19(root: Path, words: Words, info: dict) -> None:
         info["pg19"][split] = {"books": count, "first_title": rows["short_book_title"][0],
                                "chars": [len(t) for t in rows["text"]]}
     card = ["---", "dataset_info:", "  features:"]
-    card += [f"  - name: {c}\n    dtype: {t}" for c, t in (("short_book_title", "string"), ("publication_date", "int32"),
-                                                           ("url", "string"), ("text", "string"))]
+    card += [f"  - name: {c}\n    dtype: {t}"
+             for c, t in (("short_book_title", "string"), ("publication_date", "int32"), ("url", "string"),
+                          ("text", "string"))]
     sizes = {s: len(files[f"data/{s}-00000-of-00001.parquet"]) for s in books}
-    card += ["  splits:"] + [f"  - name: {s}\n    num_bytes: {sizes[s]}\n    num_examples: {c}" for s, c in books.items()]
+    card += ["  splits:"] + [f"  - name: {s}\n    num_bytes: {sizes[s]}\n    num_examples: {c}"
+                             for s, c in books.items()]
     card += ["configs:", "- config_name: default", "  data_files:"]
     card += [f"  - split: {s}\n    path: data/{s}-*" for s in books]
     card += ["---", "", "# PG-19 (miniature mirror copy of emozilla/pg19)", ""]

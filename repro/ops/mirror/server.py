@@ -141,7 +141,8 @@ def _handler(root: Path, touch):
                     recursive = urllib.parse.parse_qs(url.query).get("recursive", ["false"])[0] in ("true", "1", "True")
                     items = sorted(base.rglob("*") if recursive else base.iterdir())
                     return self._json([hub.entry(snap, p) for p in items], head=head)
-                siblings = [{"rfilename": p.relative_to(snap).as_posix()} for p in sorted(snap.rglob("*")) if p.is_file()]
+                siblings = [{"rfilename": p.relative_to(snap).as_posix()} for p in sorted(snap.rglob("*"))
+                            if p.is_file()]
                 return self._json({"id": m[2], "modelId": m[2], "sha": commit, "private": False, "disabled": False,
                                    "gated": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings,
                                    "lastModified": "2024-01-01T00:00:00.000Z", "cardData": {}}, head=head)

@@ -48,7 +48,7 @@ def wikitext_lines(words: Words, n_articles: int, paragraphs: int) -> list[str]:
     """The raw lines of WikiText-style articles: ` = Title = `, ` = = Section = = `, blank lines ` `, paragraphs of
     tokenized sentences (` @-@ `, ` @,@ `, ` , `, ` . `)."""
     lines: list[str] = [" \n"]
-    for a in range(n_articles):
+    for _ in range(n_articles):
         title = " ".join(words.sentence(1, 3)).title()
         lines += [f" = {title} = \n", " \n"]
         for p in range(paragraphs):
