@@ -67,12 +67,12 @@ def test_the_rehearsal_summary_has_each_stage_s_peak_and_seconds(tmp_path, monke
 
     commands = {"big": [sys.executable, "-c", CHILD_ALLOCATES], "small": [sys.executable, "-c", "pass"],
                 "broken": [sys.executable, "-c", "raise SystemExit(1)"]}
-    monkeypatch.setattr(rehearsal, "stage_command", lambda name, single: commands[name])
-    plan = [("big", False), ("small", True), ("broken", False), ("small", False)]
+    monkeypatch.setattr(rehearsal, "stage_command", lambda name: commands[name])
+    plan = ["big", "small", "broken", "small"]
     summary = rehearsal.run_stages(plan, tmp_path, dict(os.environ), keep_going=False)
     assert [(r["stage"], r["exit"]) for r in summary] == [("big", 0), ("small", 0), ("broken", 1)]  # stopped
     assert 300 <= summary[0]["peak_rss_mb"] < 400 and summary[1]["peak_rss_mb"] < 100
     assert all(isinstance(r["seconds"], int) for r in summary)
     out = capsys.readouterr().out
-    assert "rehearse: big done in " in out and ", peak RSS 0.3 GB" in out and "rehearse: broken FAILED" in out
+    assert "rehearse: big done in " in out and ", peak RSS 0.3 GiB" in out and "rehearse: broken FAILED" in out
     assert len(rehearsal.run_stages(plan, tmp_path, dict(os.environ), keep_going=True)) == 4

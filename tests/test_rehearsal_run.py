@@ -1,9 +1,10 @@
 """The paper profile, rehearsed end to end (`repro rehearse`): download from the local mirror → data → training at
 the papers' model sizes → evaluation protocol → tables, in a scratch copy that leaves this repository untouched.
 
-`python -m pytest` runs the CI subset (one full-size experiment per paper, download → table; a few minutes);
-`python -m pytest -m rehearsal` runs every stage of the four papers and the 2-process DDP fits (see README.md,
-"Rehearsal of the paper profile").
+The slow tier (`python -m pytest -n 2 -m slow`) runs the CI subset (one full-size experiment per paper, download →
+table; 11-13 minutes) and, apart, the rehearsal's four 2-process DDP fits with the largest model of each paper;
+`python -m pytest -m rehearsal` runs every stage of the four papers and the DDP fits (see README.md, "Rehearsal of
+the paper profile"; its committed record is checked by tests/test_rehearsal_record.py).
 """
 
 import hashlib
@@ -21,15 +22,17 @@ PAPERS = ("transformer_xl", "mgk", "lamemo", "infinity_former")
 
 
 def _state() -> dict[str, str]:
-    """What a rehearsal must not touch: dvc.lock, params.yaml, every committed result, the tracking database."""
-    files = [ROOT / "dvc.lock", ROOT / "params.yaml", ROOT / "mlflow.db", *sorted((ROOT / "results").rglob("*"))]
+    """What a rehearsal must not touch: dvc.lock, params.yaml, every committed result but the full rehearsal's own
+    record (`results/rehearsal/`), the tracking database."""
+    files = [ROOT / "dvc.lock", ROOT / "params.yaml", ROOT / "mlflow.db",
+             *sorted(p for p in (ROOT / "results").rglob("*") if "rehearsal" not in p.relative_to(ROOT).parts[:2])]
     return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files if p.is_file()}
 
 
-def _rehearse(*args: str) -> None:
+def _rehearse(*args: str, work: Path = WORK) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REPRO_DATA", "MLFLOW_TRACKING_URI")}
     before = _state()
-    done = subprocess.run([sys.executable, "-m", "repro", "rehearse", "--workdir", str(WORK), *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "repro", "rehearse", "--workdir", str(work), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
     assert _state() == before, "the rehearsal changed the repository's own results, lock or tracking"
@@ -51,6 +54,7 @@ def _check_paper_cells(ws: Path, papers=PAPERS) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_rehearsal_ci_subset():
     """One experiment of each paper at its paper size, from the mirror's download to the tables."""
     _rehearse("--subset", "ci")
@@ -61,6 +65,41 @@ def test_rehearsal_ci_subset():
     assert ptb["provenance"]["parameters"] == 24_073_420 and ptb["provenance"]["steps"] == 2
     gpt2 = [r for r in _records(ws, "infinity_former") if r["experiment"].startswith("gpt2_wt103")]
     assert gpt2 and all(r["provenance"]["parameters"] > 124_000_000 for r in gpt2)
+
+
+def _largest_stages() -> dict[str, str]:
+    """Each paper's `repro runs` stage that trains its largest paper model (the first such stage in DVC's order):
+    today Transformer-XL's One Billion Word large (841M parameters), MGK's WikiText-103 MGK-8 (44M), LaMemo's
+    WikiText-103 (151M), the ∞-former's CMU-DoG dialogue stage (GPT-2 with a memory, 167M)."""
+    from repro.cli.cli import build
+    from repro.cli.rehearsal import merged_params, runs_stages
+    from repro.cli.runs import run_spec, runs_parser
+
+    params = merged_params(ROOT)
+    best: dict[str, tuple[int, str]] = {}
+    for stage, argv in runs_stages(ROOT, params).items():
+        a = runs_parser().parse_args(argv)
+        for spec in a.specs:
+            cfg = ROOT / "configs" / a.paper / "paper" / f"{run_spec(spec)[0]}.yaml"
+            n = sum(p.numel() for p in build([str(cfg)], meta=True).model.parameters())
+            if n > best.get(a.paper, (0, ""))[0]:
+                best[a.paper] = (n, stage)
+    return {paper: stage for paper, (_, stage) in best.items()}
+
+
+@pytest.mark.slow
+def test_rehearsal_ddp_fits_and_each_papers_largest_model(tmp_path, monkeypatch):
+    """The rehearsal's four 2-process DDP fits and the stage of each paper's largest model (with the stages
+    upstream of them), at their paper sizes: every step passes, each at most 16 GiB resident."""
+    monkeypatch.chdir(ROOT)
+    stages = _largest_stages()
+    assert set(stages) == set(PAPERS) and stages["transformer_xl"] == "txl_run@lm1b_large"
+    work = tmp_path / "rehearsal"
+    _rehearse("--stages", *stages.values(), "--ddp", "yes", "--keep-going", work=work)
+    summary = json.loads((work / "summary.json").read_text())
+    ran = [s["stage"] for s in summary["stages"]]
+    assert set(stages.values()) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == 4
+    assert summary["failed"] == [] and all(s["peak_rss_mb"] <= 16 * 1024 for s in summary["stages"])
 
 
 @pytest.mark.rehearsal

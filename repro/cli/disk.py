@@ -146,16 +146,29 @@ def fits_in_child(groups: list[list[list[str]]], *, cwd: str | os.PathLike | Non
     return [[Fit(**f) for f in group] for group in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
-def need(fits: list[Fit] | list[list[Fit]], *, jobs: int = 1, replacing: bool = True) -> int:
+def need(fits: list[Fit] | list[list[Fit]], *, jobs: int = 1, replacing: bool = True,
+         drops: list[list[int]] | None = None) -> int:
     """Bytes the fits' checkpoints need on top of what their paths already hold (see the module's docstring;
     `replacing=False`: those files go before the fits start, as a rehearsal's workspace does): what every fit
     keeps, and what the `jobs` fits running at once hold beyond that while they finish. `fits` may come in groups
-    run one after the other (a rehearsal's stages): only fits of one group run at once."""
+    run one after the other (a rehearsal's stages): only fits of one group run at once. `drops[i]`: the groups
+    whose files are deleted once group i has run (a rehearsal's workspace, `repro.cli.rehearsal_plan.drops`;
+    it starts empty): the need is then the most the disk holds at once, group by group."""
     groups = fits if fits and isinstance(fits[0], list) else [fits]
     flat = [f for group in groups for f in group]
+
+    def running_of(group: list[Fit]) -> int:
+        return sum(sorted((f.size * (f.peak - f.kept) for f in group), reverse=True)[: max(1, jobs)])
+
+    if drops is not None:
+        on_disk = peak = 0
+        for i, group in enumerate(groups):
+            on_disk += sum(f.size * f.kept for f in group)
+            peak = max(peak, on_disk + running_of(group))
+            on_disk -= sum(f.size * f.kept for j in drops[i] for f in groups[j])
+        return peak + RESERVE
     kept = sum(f.size * f.kept for f in flat)
-    running = max((sum(sorted((f.size * (f.peak - f.kept) for f in group), reverse=True)[: max(1, jobs)])
-                   for group in groups), default=0)
+    running = max((running_of(group) for group in groups), default=0)
     if not replacing:
         return kept + running + RESERVE
     # by inode: a selected final checkpoint and its .last.ckpt may be one file
@@ -177,22 +190,25 @@ def gb(n: float) -> str:
 
 
 def check(what: str, fits: list[Fit] | list[list[Fit]], *, jobs: int = 1, extra: int = 0, extra_what: str = "",
-          reclaimed: int = 0, where: str | os.PathLike | None = None) -> int:
+          reclaimed: int = 0, where: str | os.PathLike | None = None, drops: list[list[int]] | None = None) -> int:
     """Refuse, in one line, when the disk cannot hold `fits`' checkpoints (and `extra` bytes, `extra_what`; with
-    `reclaimed` bytes that the command deletes before it writes them, which it does not replace then); returns
-    the need in bytes. The free space is read where the first checkpoint goes, or at `where`."""
+    `reclaimed` bytes that the command deletes before it writes them, which it does not replace then; with `drops`,
+    groups whose files go once others have run, as `need` counts them); returns the need in bytes. The free space
+    is read where the first checkpoint goes, or at `where`."""
     flat = [f for group in fits for f in group] if fits and isinstance(fits[0], list) else list(fits)
     if not flat and not extra:
         return 0
-    total = need(fits, jobs=jobs, replacing=not reclaimed) + extra
+    total = need(fits, jobs=jobs, replacing=not reclaimed, drops=drops) + extra
     free, where = free_bytes(where or (flat[0].checkpoint if flat else "."))
     free += reclaimed
     if total > free:
         largest = max(flat, key=lambda f: f.size, default=None)
         biggest = f", the largest {gb(largest.size)} ({largest.parameters / 1e6:.0f}M parameters)" if largest else ""
+        dropped = "; a stage's checkpoints dropped once the stages that read them have run" if drops and any(drops) \
+            else ""
         raise ValueError(
             f"{what} needs {gb(total)} of disk and {gb(free)} are free on {where}: {len(flat)} checkpoints (weights "
             f"and Adam's moments{biggest}; with --run.select also a .last.ckpt, and up to 2 more per running fit "
-            f"while it saves), {gb(RESERVE)} for records{', ' + extra_what if extra_what else ''}; free "
+            f"while it saves{dropped}), {gb(RESERVE)} for records{', ' + extra_what if extra_what else ''}; free "
             f"{gb(total - free)} or more and run it again")
     return total

@@ -8,9 +8,14 @@ measured: `configs/rehearsal/` caps each experiment at 2 training batches and a 
 batch sizes), `params.rehearsal.yaml` shortens the benchmark sweeps and the LRA seed lists.
 
 It runs in a scratch copy of the repository (`--workdir`, default `.rehearsal/`): the committed tables, `dvc.lock`
-and `mlflow.db` of the real profiles are never touched. Its summary (`<workdir>/summary.json`) lists each stage's
-seconds, exit code and peak RSS (the largest process of the stage, `repro.ops.rss`; each rank's for the DDP fits). Its
-records carry `rehearsal: true` and its tables label those cells "rehearsal", never as results.
+and `mlflow.db` of the real profiles are never touched. Its records carry `rehearsal: true` and its tables label
+those cells "rehearsal", never as results. The stages run one by one in DVC's order, upstream first
+(`repro.cli.rehearsal_plan`), and a stage's checkpoints leave the scratch workspace once the stages that read them
+have run (`--keep-checkpoints` keeps them): the whole rehearsal then fits in about half the disk. Its summary
+(`<workdir>/summary.json`) lists each stage's seconds, exit code, peak RSS (the largest process of the stage,
+`repro.ops.rss`; each rank's for the DDP fits) and the scratch folder's peak disk; the run of every stage also
+writes it to `results/rehearsal/summary.json`, with the hashes of the code and configs it ran, to be committed
+(`repro.cli.rehearsal_record`).
 
     repro rehearse                      # every stage of the four papers
     repro rehearse --subset ci          # one full-size experiment per paper, download → table (CI)
@@ -94,13 +99,6 @@ def make_workspace(root: Path, ws: Path) -> None:
     (ws / ".dvc" / "config.local").write_text('[cache]\n    type = "hardlink,copy"\n')
 
 
-def _stages(ws: Path, env: dict) -> list[str]:
-    """Every stage of the workspace's pipeline, in DVC's order."""
-    out = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=ws, env=env, check=True, capture_output=True,
-                         text=True).stdout
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
 def runs_stages(root: Path, params: dict) -> dict[str, list[str]]:
     """Every stage of `dvc.yaml` whose command is `repro runs`, by DVC's name for it (`txl_run@lm`), with that
     command's arguments after `repro runs`, each `${…}` filled from `params` as DVC fills it (`foreach` over a
@@ -147,29 +145,76 @@ def _tree_bytes(folder: Path) -> int:
     return sum(seen.values())
 
 
-def check_disk(root: Path, work: Path, names: list[str] | None, *, ddp: bool) -> int:
+class DiskPeak:
+    """The most the scratch folder held (`_tree_bytes`, sampled every `every` seconds in a thread) since the last
+    `take()`, and since it started (`overall`): a stage's disk as its checkpoints come and go."""
+
+    def __init__(self, folder: Path, every: float = 1.0):
+        import threading
+
+        self.folder, self.every = folder, every
+        self.since = self.overall = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            n = _tree_bytes(self.folder)
+        except OSError:  # a file deleted while it was walked: the next sample counts
+            return
+        self.since, self.overall = max(self.since, n), max(self.overall, n)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> DiskPeak:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def take(self) -> int:
+        """The peak since the last call, in bytes; the next period starts at what the folder holds now."""
+        self._sample()
+        peak, self.since = self.since, 0
+        self._sample()
+        return peak
+
+
+def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]], *, ddp: bool,
+               params: dict, keep_ddp: bool = False) -> int:
     """Refuse in one line, before the rehearsal creates anything, when the disk of `work` cannot hold what it
-    keeps: the checkpoints of every `repro runs` stage of the plan (`names`; None: all) and of the DDP fits, at the
-    models' sizes (`repro.cli.disk`; sized in a child process, this one stays without torch for the hours the
-    stages run), and the workspace's copy of the repository. A workspace left by an earlier rehearsal is deleted
-    first, so its bytes count as free. Returns the need in bytes."""
+    keeps at its fullest: the checkpoints of the `repro runs` stages of the plan, in its order, each stage's
+    dropped as `schedule` says (`repro.cli.rehearsal_plan.drops`: after the stage whose list names it), then those
+    of each DDP fit (dropped after it unless `keep_ddp`), at the models' sizes (`repro.cli.disk`; sized in a child
+    process, this one stays without torch for the hours the stages run), and the workspace's copy of the
+    repository. A workspace left by an earlier rehearsal is deleted first, so its bytes count as free. Returns the
+    need in bytes."""
     from dataclasses import replace
 
     from repro.cli.disk import check, fits_in_child
     from repro.cli.runs import runs_parser, runs_steps
 
-    params = merged_params(root)
-    groups, jobs = [], 1  # the fit command lines of each stage (its fits run side by side), then each DDP fit
-    for name, argv in runs_stages(root, params).items():
-        if names is not None and name not in names:
+    commands = runs_stages(root, params)
+    groups, jobs = [], 1  # the fit command lines of each stage of the plan (its fits run side by side), then DDP's
+    for name in plan:
+        if name not in commands:
+            groups.append([])
             continue
-        a = runs_parser().parse_args(argv)
+        a = runs_parser().parse_args(commands[name])
         jobs = max(jobs, min(a.jobs, len(a.specs)))
         groups.append([step for step, _ in runs_steps(a.paper, a.profile, a.group, a.specs, tests=a.tests,
                                                       rehearsal=True, configs_root=str(root / "configs"))])
+    pos = {n: i for i, n in enumerate(plan)}
+    drops = [[pos[n] for n in names] for names in schedule]
     if ddp:
         for paper, config in DDP_RUNS:
             cfg = root / "configs" / paper / "paper" / f"{config}.yaml"
+            drops.append([] if keep_ddp else [len(groups)])
             groups.append([["fit", "-c", str(cfg), *config_overrides(cfg, root=root)]])
     ws = work / "repo"
 
@@ -184,27 +229,40 @@ def check_disk(root: Path, work: Path, names: list[str] | None, *, ddp: bool) ->
     return check(f"repro rehearse ({sum(map(len, fits))} fits)", fits, jobs=jobs, extra=copy,
                  extra_what=f"{copy / 1e9:.1f} GB for the workspace's copy of the repository (the mirror and the "
                             "data come on top)",
-                 reclaimed=_tree_bytes(ws) if ws.exists() else 0, where=work)
+                 reclaimed=_tree_bytes(ws) if ws.exists() else 0, where=work, drops=drops)
 
 
-def stage_command(name: str, single: bool) -> list[str]:
-    """The command that runs one stage of the plan in the workspace (`-s`: that stage alone, not its upstream)."""
-    return ["dvc", "repro", *(["-s"] if single else []), name]
+def stage_command(name: str) -> list[str]:
+    """The command that runs one stage of the plan in the workspace: that stage alone (`-s`), its upstream stages
+    being earlier in the plan (`repro.cli.rehearsal_plan`)."""
+    return ["dvc", "repro", "-s", name]
 
 
-def run_stages(plan: list[tuple[str, bool]], ws: Path, env: dict, *, keep_going: bool) -> list[dict]:
-    """Run the plan's stages in order; one summary entry per stage: its seconds, exit code and peak RSS (MiB, the
-    largest process of the stage: `repro.ops.rss.run_measured`). Stops after a failed stage unless `keep_going`."""
+def run_stages(plan: list[str], ws: Path, env: dict, *, keep_going: bool, drop: dict[str, list[str]] | None = None,
+               disk: DiskPeak | None = None) -> list[dict]:
+    """Run the plan's stages in order; one summary entry per stage: its seconds, exit code, peak RSS (MiB, the
+    largest process of the stage: `repro.ops.rss.run_measured`) and, with `disk`, the scratch folder's peak during
+    it (MB). `drop`: after a stage, the checkpoint folders (relative to the workspace) to delete then
+    (`repro.cli.rehearsal_plan.drop_checkpoints`). Stops after a failed stage unless `keep_going`."""
+    from repro.cli.rehearsal_plan import drop_checkpoints
     from repro.ops.rss import run_measured
 
     summary = []
-    for name, single in plan:
+    for name in plan:
         print(f"rehearse: {name}", flush=True)
-        done = run_measured(stage_command(name, single), cwd=ws, env=env)
-        summary.append({"stage": name, "seconds": round(done.seconds), "exit": done.returncode,
-                        "peak_rss_mb": round(done.peak_rss_mb)})
+        if disk is not None:
+            disk.take()
+        done = run_measured(stage_command(name), cwd=ws, env=env)
+        entry = {"stage": name, "seconds": round(done.seconds), "exit": done.returncode,
+                 "peak_rss_mb": round(done.peak_rss_mb)}
+        if disk is not None:
+            entry["disk_peak_mb"] = round(disk.take() / 1e6)
+        freed = drop_checkpoints(ws, (drop or {}).get(name, []))
+        summary.append(entry)
         print(f"rehearse: {name} {'done' if not done.returncode else 'FAILED'} in {done.seconds:.0f} s, "
-              f"peak RSS {done.peak_rss_mb / 1024:.1f} GB", flush=True)
+              f"peak RSS {done.peak_rss_mb / 1024:.1f} GiB"
+              + (f", scratch disk {entry['disk_peak_mb'] / 1e3:.1f} GB" if disk is not None else "")
+              + (f"; {freed / 1e9:.1f} GB of checkpoints dropped" if freed else ""), flush=True)
         if done.returncode and not keep_going:
             break
     return summary
@@ -228,19 +286,30 @@ def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[di
     return json.loads(record.read_text()), done.peak_rss_mb
 
 
+def ddp_checkpoints(paper: str) -> str:
+    """The folder of a DDP fit's checkpoint in the workspace: its config's default (`repro.cli.checkpoints.
+    default_checkpoint`; the rehearsal's own profile folder), which nothing reads after the fit."""
+    return str(Path("checkpoints") / paper / "rehearsal")
+
+
 def rehearse(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="repro rehearse", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=".rehearsal", help="scratch folder: the repository copy, the mirror, data")
     ap.add_argument("--subset", choices=["all", "ci"], default="all",
                     help="all: every stage; ci: one full-size experiment per paper, download to table")
-    ap.add_argument("--stages", nargs="*", help="only these stages (shell globs over `dvc stage list` names)")
+    ap.add_argument("--stages", nargs="*",
+                    help="only these stages (shell globs over `dvc stage list` names) and the stages upstream of them")
     ap.add_argument("--ddp", choices=["auto", "yes", "no"], default="auto",
                     help="2-process DDP (gloo) fits of each paper's main model (auto: with --subset all)")
     ap.add_argument("--keep-going", action="store_true", help="run every stage even after one failed")
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep every stage's checkpoints in the workspace (default: each stage's are deleted once "
+                         "the stages that read them have run)")
     ap.add_argument("--jobs", type=int, help="worker processes per group (default: params.rehearsal.yaml)")
     args = ap.parse_args(argv)
 
+    from repro.cli import rehearsal_plan, rehearsal_record
     from repro.ops import mirror
 
     root = Path.cwd()
@@ -251,11 +320,22 @@ def rehearse(argv: list[str]) -> None:
     ws = work / "repo"
     t0 = time.time()
     ddp = args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages)
-    chosen = CI_SUBSET if args.subset == "ci" and not args.stages else None
-    if args.stages:  # the stages DVC will list that match (their upstream stages are left to `repro runs`' own check)
-        chosen = [n for n in runs_stages(root, merged_params(root)) if any(fnmatch.fnmatch(n, g) for g in args.stages)]
-    need = check_disk(root, work, chosen, ddp=ddp)
-    print(f"rehearse: the checkpoints and the workspace need {need / 1e9:.1f} GB of disk", flush=True)
+    full = args.subset == "all" and not args.stages and ddp  # the run that `results/rehearsal/` records
+    params = merged_params(root)
+    pipeline = rehearsal_plan.read_pipeline(root, params)
+    if args.stages:
+        matched = [n for n in pipeline.order if any(fnmatch.fnmatch(n, g) for g in args.stages)]
+        if not matched:
+            raise ValueError(f"--stages {' '.join(args.stages)} names no stage of dvc.yaml (`dvc stage list`)")
+        plan = rehearsal_plan.with_upstream(pipeline, matched)
+    elif args.subset == "ci":
+        plan = list(CI_SUBSET)
+    else:
+        plan = list(pipeline.order)
+    schedule = [[] for _ in plan] if args.keep_checkpoints else rehearsal_plan.drops(pipeline, plan)
+    need = check_disk(root, work, plan, schedule, ddp=ddp, params=params, keep_ddp=args.keep_checkpoints)
+    print(f"rehearse: {len(plan)} stages{' and 4 DDP fits' if ddp else ''}; the checkpoints and the workspace need "
+          f"{need / 1e9:.1f} GB of disk at most", flush=True)
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
     from transformers.utils import logging as hf_logging
 
@@ -270,14 +350,17 @@ def rehearse(argv: list[str]) -> None:
         if old != data:
             shutil.rmtree(old)
     make_workspace(root, ws)
+    ran = rehearsal_record.fingerprint(ws, [rel for rel in _repo_files(root) if (ws / rel).is_file()])
     if args.jobs:
         import yaml
 
-        params = yaml.safe_load((ws / "params.yaml").read_text())
-        params["jobs"] = args.jobs
-        (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, width=120))
+        ws_params = yaml.safe_load((ws / "params.yaml").read_text())
+        ws_params["jobs"] = args.jobs
+        (ws / "params.yaml").write_text(yaml.safe_dump(ws_params, sort_keys=False, width=120))
+    drop = {name: [out for n in names for out in rehearsal_plan.checkpoint_outs(pipeline, n)]
+            for name, names in zip(plan, schedule)}
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
-    with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server:
+    with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server, DiskPeak(work) as disk:
         env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
                "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
                "DVC_NO_ANALYTICS": "1",
@@ -285,18 +368,13 @@ def rehearse(argv: list[str]) -> None:
                # checkout holds when each stage starts (edits made during a long rehearsal included)
                "PYTHONPATH": os.pathsep.join([str(ws), *filter(None, [os.environ.get("PYTHONPATH")])])}
         env.pop("REPRO_TEST_DATA", None)
-        if args.subset == "ci" and not args.stages:
-            plan = [(s, True) for s in CI_SUBSET]
-        else:
-            names = _stages(ws, env)
-            chosen = [n for n in names if not args.stages or any(fnmatch.fnmatch(n, g) for g in args.stages)]
-            plan = [(n, False) for n in chosen]
-        summary = run_stages(plan, ws, env, keep_going=args.keep_going)
-        if ddp:
+        summary = run_stages(plan, ws, env, keep_going=args.keep_going, drop=drop, disk=disk)
+        if ddp and (args.keep_going or not any(r["exit"] for r in summary)):
             (work / "ddp").mkdir(exist_ok=True)
             for paper, config in DDP_RUNS:
                 print(f"rehearse: DDP, 2 processes: {paper}/{config}", flush=True)
                 t = time.time()
+                disk.take()
                 peaks: dict = {}
                 try:
                     rec, peak = ddp_fit(ws, env, paper, config, work / "ddp")
@@ -308,17 +386,30 @@ def rehearse(argv: list[str]) -> None:
                     print(f"rehearse: DDP {paper}/{config}: {err}", flush=True)
                     ok = False
                 summary.append({"stage": f"ddp:{paper}/{config}", "seconds": round(time.time() - t),
-                                "exit": 0 if ok else 1, **peaks})
+                                "exit": 0 if ok else 1, **peaks, "disk_peak_mb": round(disk.take() / 1e6)})
+                if not args.keep_checkpoints:
+                    rehearsal_plan.drop_checkpoints(ws, [ddp_checkpoints(paper)])
                 if not ok and not args.keep_going:
                     break
+        disk_peak = disk.overall
+    mirror_and_data = sum(_tree_bytes(p) for p in [work / "mirror", data, work / "client-cache"] if p.exists())
     from repro.io import atomic_write_json
 
-    atomic_write_json(work / "summary.json", {"minutes": round((time.time() - t0) / 60, 1), "stages": summary})
     failed = [r["stage"] for r in summary if r["exit"]]
+    record = {"minutes": round((time.time() - t0) / 60, 1), "steps": len(summary), "failed": failed,
+              "peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in summary), default=0),
+              "disk": {"need_bytes": need, "mirror_and_data_bytes": mirror_and_data, "peak_bytes": disk_peak},
+              "machine": rehearsal_record.machine(), "command": "repro rehearse " + " ".join(argv),
+              "fingerprint": ran, "stages": summary}
+    atomic_write_json(work / "summary.json", record)
+    if full:  # committed with the code it ran: tests/test_rehearsal_record.py tells when the paper path moved on
+        atomic_write_json(root / rehearsal_record.SUMMARY, record)
     tables = sorted(ws.glob("results/*/*.md"))
     print(f"rehearse: {len(summary)} steps in {(time.time() - t0) / 60:.1f} min, {len(failed)} failed"
-          f"{': ' + ', '.join(failed) if failed else ''}; tables with the rehearsal's paper column: "
-          f"{ws}/results/<paper>/*.md ({len(tables)} files); summary {work / 'summary.json'}", flush=True)
+          f"{': ' + ', '.join(failed) if failed else ''}; peak RSS {record['peak_rss_mb'] / 1024:.1f} GiB, scratch "
+          f"disk {disk_peak / 1e9:.1f} GB; tables with the rehearsal's paper column: {ws}/results/<paper>/*.md "
+          f"({len(tables)} files); summary {work / 'summary.json'}"
+          f"{' and ' + str(rehearsal_record.SUMMARY) if full else ''}", flush=True)
     if failed:
         raise SystemExit(1)
 
