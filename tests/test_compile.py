@@ -5,18 +5,23 @@ with the memory carried, once eager and once compiled, from the same weights and
 off; every segment's loss and every parameter's gradient agree to 1e-5 (relative to the gradient's largest
 entry), and the state dict keeps its keys (checkpoints load either way). The Transformer-XL parity test
 (`tests/parity/test_transformer_xl_parity.py`) also runs the compiled layers against the authors' gradients.
-With `REPRO_TEST_DEVICE=cuda` the same checks run on a GPU, where the attention kernel is the fused one.
+`repro fit --run.compile true` of one model of each paper (the ∞-former's sorting model and its GPT-2 too) gives
+the eager fit's losses (slow tier). With `REPRO_TEST_DEVICE=cuda` the same checks run on a GPU, where the attention
+kernel is the fused one.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 
 from repro.cli.cli import build
 from repro.lm import MemorySettings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = {
     "transformer_xl": ["configs/transformer_xl/tiny/enwik8_12l.yaml", "--model.init_args.model.n_layer", "2"],
@@ -159,3 +164,40 @@ def test_the_whole_model_compiled_trains_as_the_eager_one(mode):
         for key, g in grads_e.items():
             scale = max(1.0, float(g.abs().max()))
             torch.testing.assert_close(grads_c[key] / scale, g / scale, rtol=1e-5, atol=1e-5, msg=key)
+
+
+FITS = {  # one model of each paper through `repro fit` (3 steps, float32, dropout as configured), n_layer 2
+    "transformer_xl": ["configs/transformer_xl/tiny/enwik8_12l.yaml", "--trainer.limit_val_batches", "2"],
+    "lamemo": ["configs/lamemo/tiny/char_lamemo.yaml", "--trainer.limit_val_batches", "2"],
+    "mgk": ["configs/mgk/tiny/wt103_mgk4.yaml", "--trainer.limit_val_batches", "2"],
+    "infinity_former_sorting": ["configs/infinity_former/tiny/sort_256_infty.yaml",
+                                "--trainer.limit_val_batches", "8"],
+    "infinity_former_gpt2": ["configs/infinity_former/tiny/gpt2_lm_inftyformer.yaml",
+                             "--trainer.limit_val_batches", "2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FITS))
+def test_every_paper_model_fits_compiled_as_eager(name, tmp_path, monkeypatch):
+    """`repro fit --run.compile true` against the same fit eager, for one model of each paper (the ∞-former's
+    sorting model and its GPT-2, whose whole model is the compiled unit): the training and validation losses of the
+    run records agree to 1e-5 (float32, the same seed, so the same dropout draws)."""
+    import json
+
+    from repro.cli.entry import main
+
+    monkeypatch.chdir(ROOT)
+    config, *extra = FITS[name]
+    layers = [] if "gpt2" in name else ["--model.init_args.model.n_layer", "2"]
+    metrics = {}
+    for compiled in ("false", "true"):
+        record = tmp_path / f"{compiled}.json"
+        main(["fit", "-c", config, *extra, *layers, "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+              "--trainer.precision", "32-true", "--run.tracking", "none", "--run.compile", compiled,
+              "--run.record", str(record)])
+        metrics[compiled] = json.loads(record.read_text())["metrics"]
+    keys = [k for k in ("train/loss", "val/loss") if k in metrics["false"]]
+    assert "val/loss" in keys
+    for key in keys:
+        assert metrics["true"][key] == pytest.approx(metrics["false"][key], rel=1e-5, abs=1e-5), key
