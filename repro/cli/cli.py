@@ -22,12 +22,8 @@ from pathlib import Path
 
 import torch
 
-from repro.cli.checkpoints import default_checkpoint
 from repro.cli.errors import error_line
 from repro.cli.lightning_cli import LIGHTNING_SUBCOMMANDS, ReproCLI, _OwnProcess
-
-# `default_checkpoint` lives in repro.cli.checkpoints; repro/cli/disk.py still imports it from here
-__all__ = ["build", "default_checkpoint", "load_module", "main", "run_steps"]
 
 
 def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: bool = False):
