@@ -86,5 +86,15 @@ def test_the_last_full_rehearsal_passed_within_the_machines_limits():
 def test_the_readme_states_the_rehearsals_disk_need():
     block = rehearsal_record.readme_block((ROOT / "README.md").read_text())
     assert block == rehearsal_record.disk_sentence(_summary()), \
-        "README.md's rehearsal-disk block is not the summary's sentence: paste repro.cli.rehearsal_record." \
-        "disk_sentence(results/rehearsal/summary.json) between its markers"
+        "README.md's rehearsal-disk block is not the summary's sentence: write it with repro.cli.rehearsal_record." \
+        "readme_with_block(README, disk_sentence(results/rehearsal/summary.json))"
+
+
+def test_the_readme_block_is_written_between_its_markers():
+    start, end = rehearsal_record.README_MARKERS
+    readme = f"# R\n\ntext\n{start}\nold\n{end}\nmore\n"
+    sentence = "word " * 60 + "end."
+    out = rehearsal_record.readme_with_block(readme, sentence)
+    assert out.startswith(f"# R\n\ntext\n{start}\n") and out.endswith(f"\n{end}\nmore\n")
+    assert rehearsal_record.readme_block(out) == " ".join(sentence.split())
+    assert max(len(line) for line in out.splitlines()) <= 116

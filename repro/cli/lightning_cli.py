@@ -376,8 +376,8 @@ class ReproCLI(LightningCLI):
         self._check_untrained(sub)
         from repro.ops.allocator import keep_freed_memory
 
-        # freed memory kept for the next step, for a model small enough that its heap's holes stay small
-        keep_freed_memory(parameters=sum(p.numel() for p in self.model.parameters()))
+        # freed memory kept for the next step, on a CPU profile's model small enough that its heap's holes stay small
+        keep_freed_memory(parameters=sum(p.numel() for p in self.model.parameters()), profile=run.get("profile"))
         from repro.nn.attention import set_attention_kernel
 
         set_attention_kernel(run.get("attention") or "auto")

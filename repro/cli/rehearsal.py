@@ -286,6 +286,21 @@ def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[di
     return json.loads(record.read_text()), done.peak_rss_mb
 
 
+def stage_environment(base: dict, mirror_env: dict, *, ws: Path, data: Path) -> dict:
+    """The environment of every stage and DDP fit of a rehearsal: downloads from the mirror (`mirror_env`), data in
+    the scratch folder, the workspace's own tracking database and code."""
+    env = {**base, **mirror_env, "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+           "DVC_NO_ANALYTICS": "1",
+           # glibc's own allocator policy, benchmarks and DDP ranks included: keeping freed memory raised the
+           # stages' peaks by up to a third (`repro.ops.allocator`)
+           "REPRO_MALLOC": "system",
+           # the copy's code, not the checkout's: an editable install would otherwise run whatever the checkout
+           # holds when each stage starts (edits made during a long rehearsal included)
+           "PYTHONPATH": os.pathsep.join([str(ws), *filter(None, [base.get("PYTHONPATH")])])}
+    env.pop("REPRO_TEST_DATA", None)
+    return env
+
+
 def ddp_checkpoints(paper: str) -> str:
     """The folder of a DDP fit's checkpoint in the workspace: its config's default (`repro.cli.checkpoints.
     default_checkpoint`; the rehearsal's own profile folder), which nothing reads after the fit."""
@@ -361,13 +376,8 @@ def rehearse(argv: list[str]) -> None:
             for name, names in zip(plan, schedule)}
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server, DiskPeak(work) as disk:
-        env = {**os.environ, **mirror.environment(server.url, work / "client-cache"),
-               "REPRO_DATA": str(data), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-               "DVC_NO_ANALYTICS": "1",
-               # the copy's code, not the checkout's: an editable install would otherwise run whatever the
-               # checkout holds when each stage starts (edits made during a long rehearsal included)
-               "PYTHONPATH": os.pathsep.join([str(ws), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        env.pop("REPRO_TEST_DATA", None)
+        env = stage_environment(dict(os.environ), mirror.environment(server.url, work / "client-cache"), ws=ws,
+                                data=data)
         summary = run_stages(plan, ws, env, keep_going=args.keep_going, drop=drop, disk=disk)
         if ddp and (args.keep_going or not any(r["exit"] for r in summary)):
             (work / "ddp").mkdir(exist_ok=True)

@@ -106,8 +106,18 @@ def disk_sentence(summary: dict) -> str:
 
 
 def readme_block(readme: str) -> str | None:
-    """The text between the README's `rehearsal-disk` markers, or None without them."""
+    """The text between the README's `rehearsal-disk` markers as one line (the README wraps it), or None without
+    them."""
     start, end = README_MARKERS
     if start not in readme or end not in readme:
         return None
-    return readme.split(start, 1)[1].split(end, 1)[0].strip()
+    return " ".join(readme.split(start, 1)[1].split(end, 1)[0].split())
+
+
+def readme_with_block(readme: str, sentence: str) -> str:
+    """`readme` with `sentence`, wrapped at 116 columns, between its `rehearsal-disk` markers."""
+    import textwrap
+
+    start, end = README_MARKERS
+    head, rest = readme.split(start, 1)
+    return f"{head}{start}\n{textwrap.fill(sentence, 116, break_on_hyphens=False)}\n{end}{rest.split(end, 1)[1]}"

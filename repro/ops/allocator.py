@@ -1,5 +1,5 @@
-"""The C allocator's policy for training processes of small models: freed large blocks stay in the process for reuse
-(issue 15), where that costs little memory (issue 38).
+"""The C allocator's policy for CPU training of the small profiles and for benchmarks: freed large blocks stay in the
+process for reuse (issue 15); off for the paper profile and its rehearsal, where it cost memory (issue 38).
 
 PyTorch's CPU tensors come from the C library's `malloc`. glibc serves a block of more than its mmap threshold
 (128 KiB, raised as large blocks are freed, but never above 32 MiB) with a fresh `mmap` and gives it back to the
@@ -17,16 +17,22 @@ training): float32 407–445 → 488–506 tokens/s, bf16 851–887 → 901–91
 
 Where it stays off. A paper-size model's step holds gigabytes of activations in tensors of many sizes, and the heap's
 holes between them grow with it: Transformer-XL enwik8 24L (277M parameters; its rehearsal, batch 2 × 768, memory
-768) peaked at 13.6 GiB under the policy against 11.3 GiB with glibc's default (+20%), where the 41M model's peak
-rose 2.5%. So the policy is for models below `POLICY_MAX_PARAMETERS` (the paper configs have 0.2–44M parameters
-or 124–841M, none between), and a stage's peak is raised by at most 10% (its rehearsal summary, README
-"Rehearsal"). `repro fit|validate|test|steps` (and so `repro runs`' workers) and `repro bench` decide once the
-model is built (`keep_freed_memory(parameters=…)`); a larger model after a smaller one in one process (`repro
-steps`) puts glibc's behaviour back (`_stand_down`: mmaps for blocks above 32 MiB, the largest threshold its
-default reaches, and the heap's top trimmed); other commands (data, tables, RECL, generation) run with glibc's
-default. REPRO_MALLOC=system leaves the C library's defaults everywhere. It does nothing where the C library is
-not glibc (macOS, musl) and returns False there. `release_freed_memory()` gives a finished run's freed memory back
-between the steps of one process.
+768) peaked at 13.6 GiB under the policy against 11.3 GiB with glibc's default (+20%). Nor is it a matter of size
+alone: in the 30 rehearsal steps of models below 100M parameters it raised the peak by more than 10% in 11, by up
+to 47% (the ∞-former's sorting +33–47%, LRA ListOps and Retrieval +33%, LaMemo's Transformer-XL baselines +18–20%,
+MGK's WikiText-103 models +6–14%, the 2-process fits of MGK and the ∞-former +17–18%; the 41M enwik8 12L +5%):
+`results/rehearsal/allocator_policy.json`. So it is off (`policy_applies`)
+- for the paper profile (`run.profile: paper`): its runs are meant for GPUs, where the C allocator holds no
+  activations, and its rehearsal on a CPU holds paper-size ones; `repro rehearse` also runs every stage under
+  REPRO_MALLOC=system, which covers its benchmarks and DDP ranks;
+- for a model of `POLICY_MAX_PARAMETERS` or more in any profile;
+- everywhere under REPRO_MALLOC=system.
+`repro fit|validate|test|steps` (and so `repro runs`' workers) and `repro bench` decide once the model is built
+(`keep_freed_memory(parameters=…, profile=…)`); a model for which it is off after one for which it was on, in one
+process (`repro steps`), puts glibc's behaviour back (`_stand_down`: mmaps for blocks above 32 MiB, the largest
+threshold its default reaches, and the heap's top trimmed); other commands (data, tables, RECL, generation) run
+with glibc's default. It does nothing where the C library is not glibc (macOS, musl) and returns False there.
+`release_freed_memory()` gives a finished run's freed memory back between the steps of one process.
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ TRIM_THRESHOLD = 1 << 30
 # glibc's defaults that `_stand_down` puts back: as many mmaps as it allows by default, its largest dynamic mmap
 # threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), and its trim threshold at that point (twice the mmap threshold)
 DEFAULT_MMAP_MAX, DEFAULT_MMAP_THRESHOLD_MAX = 65536, 32 << 20
-# the policy for models below this many parameters (see the module's docstring)
+# the policy for models below this many parameters, and never for the paper profile (see the module's docstring)
 POLICY_MAX_PARAMETERS = 100_000_000
+NO_POLICY_PROFILES = ("paper",)
 _applied = False
 
 
@@ -57,20 +64,21 @@ def _glibc():
     return libc
 
 
-def policy_applies(parameters: int | None) -> bool:
-    """Whether a process that runs a model of `parameters` parameters (None: a benchmark's explicit request) keeps
-    freed memory: below `POLICY_MAX_PARAMETERS`, and not under REPRO_MALLOC=system."""
-    if os.environ.get("REPRO_MALLOC", "").lower() == "system":
+def policy_applies(parameters: int | None = None, *, profile: str | None = None) -> bool:
+    """Whether a process that runs a model of `parameters` parameters (None: a benchmark's explicit request) of the
+    profile `profile` keeps freed memory: not under REPRO_MALLOC=system, not for the paper profile (nor so its
+    rehearsal), and below `POLICY_MAX_PARAMETERS`."""
+    if os.environ.get("REPRO_MALLOC", "").lower() == "system" or profile in NO_POLICY_PROFILES:
         return False
     return parameters is None or parameters < POLICY_MAX_PARAMETERS
 
 
-def keep_freed_memory(*, parameters: int | None = None) -> bool:
-    """Keep freed blocks in the process (see the module's docstring) when `policy_applies(parameters)`; True when the
-    policy is in force afterwards. A model at or above the bound after the policy was applied for a smaller one
-    puts glibc's behaviour back (`_stand_down`)."""
+def keep_freed_memory(*, parameters: int | None = None, profile: str | None = None) -> bool:
+    """Keep freed blocks in the process (see the module's docstring) when `policy_applies(parameters, profile=…)`;
+    True when the policy is in force afterwards. A model for which it is off after one for which it was on puts
+    glibc's behaviour back (`_stand_down`)."""
     global _applied
-    if not policy_applies(parameters):
+    if not policy_applies(parameters, profile=profile):
         if _applied:
             _stand_down()
         return False
