@@ -396,6 +396,7 @@ def _fit(dm, kind, steps, tmp_path=None, **trainer_kw):
     return module, trainer
 
 
+@pytest.mark.slow
 def test_dialogue_finetune_test_and_generation(dog, tmp_path):
     dm = _dm(dog, max_responses=2)
     module, trainer = _fit(dm, "ltm", 3, tmp_path)
@@ -560,6 +561,7 @@ def test_memory_stores_ln1_of_the_block_input_as_the_dialogue_code(monkeypatch):
         MemoryHook(kind="compressive", stores="ln_1")
 
 
+@pytest.mark.slow
 def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
     """`optim.step_per: conversation` equals the official dialogue loop written out here: per piece, backward of
     (mean NLL + λ_KL·KL) and clip_grad_norm_(1.0) of the accumulated gradient; one AdamW step (and one schedule
@@ -611,6 +613,7 @@ def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
         assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.slow
 def test_memory_parameters_get_their_own_rate_and_the_decay_spans_one_epoch(dog):
     """`optim.lr_memory` (the official run_clm Trainer's `learning_rate_ltm`): the memory's parameters, and only
     they, in an AdamW group at that rate without weight decay; GPT-2's biases and LayerNorm parameters in one

@@ -60,6 +60,7 @@ def _run(tmp_path, *, crash_at=None, ckpt_path=None, roll=False):
     return rec.losses, module
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_with_its_memory_and_the_same_trajectory(tmp_path):
     straight, _ = _run(tmp_path / "a")
     stopped, module = _run(tmp_path / "b", crash_at=7)  # checkpoint at step 5, killed during step 8
@@ -73,6 +74,7 @@ def test_killed_run_resumes_with_its_memory_and_the_same_trajectory(tmp_path):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-6), step
 
 
+@pytest.mark.slow
 def test_resume_without_the_memory_would_differ(tmp_path):
     """The trajectory test above has power: dropping the restored memory changes the next loss."""
     straight, _ = _run(tmp_path / "a")
@@ -85,6 +87,7 @@ def test_resume_without_the_memory_would_differ(tmp_path):
     assert resumed[6] != pytest.approx(straight[6], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_rolled_run_resumes_on_the_same_rotated_streams(tmp_path):
     """LaMemo's `--roll` (`data.roll`): the streams' rotation comes back with the checkpoint, so the resumed run
     continues the straight one; the rotation itself changes the trajectory (the test has power)."""

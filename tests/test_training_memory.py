@@ -3,6 +3,7 @@ a 24 GB machine): Adam's multi-tensor update in bounded parameter groups (`repro
 group, bit for bit; the last update's gradients freed before the next forward (`repro.lm.SegmentLM`), against
 Lightning's timing, bit for bit."""
 
+import pytest
 import torch
 from lightning.pytorch import Callback
 
@@ -109,6 +110,7 @@ def _fit(accumulate: int, *, free_early: bool = True):
     return probe.seen, [p.detach().clone() for p in module.parameters()]
 
 
+@pytest.mark.slow
 def test_gradients_are_freed_before_the_forward_with_the_same_numbers():
     """No gradient of the last update sits beside a step's forward (Lightning frees them only before the backward);
     under gradient accumulation the accumulating batches keep theirs; the weights after 4 updates are the same as
