@@ -16,8 +16,8 @@ not ignored), as `repro rehearse` copies them into its workspace.
 
 The summary holds each step's seconds, exit code, peak RSS (MiB, `repro.ops.rss`) and the scratch folder's peak
 disk during it, the failures, the disk estimate that `repro rehearse` checked before it began, the machine, and
-the fingerprint. The README's rehearsal section states the disk need from it (`disk_sentence`, between the
-`rehearsal-disk` markers).
+the fingerprint. The README states the disk need from it (the generated block `rehearsal-disk`,
+`repro.ops.docs.rehearsal_disk_block`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ PARTS = ("code", "configs", "pipeline")
 PIPELINE_FILES = ("dvc.yaml", "params.paper.yaml", "params.rehearsal.yaml")
 # every stage at most this much resident memory (two thirds of the 24 GiB machine it ran on; issue 38)
 STAGE_PEAK_LIMIT_MB = 16 * 1024
-README_MARKERS = ("<!-- rehearsal-disk -->", "<!-- /rehearsal-disk -->")
 
 
 def part_of(rel: str) -> str | None:
@@ -88,36 +87,3 @@ def machine() -> str:
     except (ValueError, OSError, AttributeError):
         memory = ""
     return f"{name}, {os.cpu_count()} cores{memory}"
-
-
-def gb(n_bytes: float) -> str:
-    return f"{n_bytes / 1e9:.0f} GB"
-
-
-def disk_sentence(summary: dict) -> str:
-    """The README's sentence on the disk a full rehearsal needs, from its summary."""
-    d = summary["disk"]
-    return (f"A full rehearsal needs about {gb(d['need_bytes'] + d['mirror_and_data_bytes'])} of free disk: "
-            f"{gb(d['need_bytes'])} for the checkpoints and the copy of the repository at their fullest, as `repro "
-            f"rehearse` estimates them from the models before it starts (it refuses in one line with less), each "
-            f"stage's checkpoints deleted once the stages that read them have run, and "
-            f"{gb(d['mirror_and_data_bytes'])} for the mirror and the data built from it; the last one peaked at "
-            f"{gb(d['peak_bytes'])} in its scratch folder.")
-
-
-def readme_block(readme: str) -> str | None:
-    """The text between the README's `rehearsal-disk` markers as one line (the README wraps it), or None without
-    them."""
-    start, end = README_MARKERS
-    if start not in readme or end not in readme:
-        return None
-    return " ".join(readme.split(start, 1)[1].split(end, 1)[0].split())
-
-
-def readme_with_block(readme: str, sentence: str) -> str:
-    """`readme` with `sentence`, wrapped at 116 columns, between its `rehearsal-disk` markers."""
-    import textwrap
-
-    start, end = README_MARKERS
-    head, rest = readme.split(start, 1)
-    return f"{head}{start}\n{textwrap.fill(sentence, 116, break_on_hyphens=False)}\n{end}{rest.split(end, 1)[1]}"

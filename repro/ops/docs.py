@@ -7,6 +7,8 @@ A block is the text between `<!-- repro:begin NAME -->` and `<!-- repro:end NAME
   written by each paper's `repro tables`);
 - `speed`: for each model, mode and precision of the newest GPU record, today's path beside the fastest variant
   (`results/speed/records/`, the rows of `results/speed/gpu.md`);
+- `rehearsal-disk`: the disk a full `repro rehearse` needs, from its committed summary
+  (`results/rehearsal/summary.json`, written by `repro.cli.rehearsal_record`);
 - `file:PATH`: a table that `repro tables` wrote (`results/<paper>/<table>.md`), without its title line: how a
   paper's README shows its reproduced tables and its deviations (each paper's `tables.py` builds them from its
   records and files), so that the shared layer needs to know no paper.
@@ -65,7 +67,36 @@ def speed_block(records: Path = speed.RECORDS) -> str:
     return "\n".join(lines)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"claims": claims_block, "speed": speed_block}
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.0f} GB"
+
+
+def disk_sentence(summary: dict) -> str:
+    """The sentence on the disk a full rehearsal needs, from its summary."""
+    d = summary["disk"]
+    return (f"A full rehearsal needs about {_gb(d['need_bytes'] + d['mirror_and_data_bytes'])} of free disk: "
+            f"{_gb(d['need_bytes'])} for the checkpoints and the copy of the repository at their fullest, as `repro "
+            f"rehearse` estimates them from the models before it starts (it refuses in one line with less), each "
+            f"stage's checkpoints deleted once the stages that read them have run, and "
+            f"{_gb(d['mirror_and_data_bytes'])} for the mirror and the data built from it; the last one peaked at "
+            f"{_gb(d['peak_bytes'])} in its scratch folder.")
+
+
+def rehearsal_disk_block(summary: Path = RESULTS / "rehearsal" / "summary.json") -> str:
+    """`disk_sentence` of the committed summary, wrapped at 116 columns."""
+    import json
+    import textwrap
+
+    if not summary.exists():
+        sentence = (f"No full rehearsal is recorded ({summary.as_posix()} is missing): run `repro rehearse "
+                    "--keep-going` and commit its summary.")
+    else:
+        sentence = disk_sentence(json.loads(summary.read_text()))
+    return textwrap.fill(sentence, 116, break_on_hyphens=False)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {"claims": claims_block, "speed": speed_block,
+                                        "rehearsal-disk": rehearsal_disk_block}
 _BLOCK = re.compile(r"(<!-- repro:begin (?P<name>[\w:./-]+) -->\n)(?P<body>.*?)(<!-- repro:end (?P=name) -->)", re.S)
 
 
