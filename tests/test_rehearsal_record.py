@@ -17,9 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SUMMARY = ROOT / rehearsal_record.SUMMARY
 RUN_IT = ("run `repro rehearse --keep-going` (every stage, 50-90 minutes on 2 cores) and commit "
           f"{rehearsal_record.SUMMARY}")
-# Until the first full rehearsal of this form is committed, the checks of its record are expected to fail.
-NOT_YET = pytest.mark.xfail(not SUMMARY.exists(), strict=False,
-                            reason="no full rehearsal recorded yet in this form (results/rehearsal/summary.json)")
 
 
 def _summary() -> dict:
@@ -57,7 +54,6 @@ def test_the_fingerprint_hashes_contents_not_times(tmp_path):
     assert changed_files(after, fingerprint(tmp_path, [*files, "repro/missing.py"])) == []
 
 
-@NOT_YET
 def test_the_last_full_rehearsal_ran_todays_paper_path():
     recorded = _summary()["fingerprint"]
     changed = changed_files(recorded, fingerprint(ROOT))
@@ -66,7 +62,6 @@ def test_the_last_full_rehearsal_ran_todays_paper_path():
         pytest.fail(f"the paper path changed since the last full rehearsal ({shown}): {RUN_IT}", pytrace=False)
 
 
-@NOT_YET
 def test_the_last_full_rehearsal_passed_within_the_machines_limits():
     from repro.cli.rehearsal import DDP_RUNS, merged_params
     from repro.cli.rehearsal_plan import read_pipeline
@@ -82,7 +77,6 @@ def test_the_last_full_rehearsal_passed_within_the_machines_limits():
     assert disk["need_bytes"] + disk["mirror_and_data_bytes"] <= 65e9 and disk["peak_bytes"] <= 65e9
 
 
-@NOT_YET
 def test_the_readme_states_the_rehearsals_disk_need():
     from repro.ops import docs
 
