@@ -45,3 +45,21 @@ def params_specs(section) -> list[str]:
     if isinstance(section, dict):
         return [s for v in section.values() for s in params_specs(v)]
     return []
+
+
+
+# The slow tier's two longest tests each at the head of one worker's queue: pytest-xdist's work stealing hands the
+# first worker the first half of the collection and the second worker the rest, and an idle worker takes the tail
+# of the other's queue, so both start at once and the short tests balance around them (at their place in the
+# collection, the longest had run alone at the end).
+LONGEST = ("test_rehearsal_ddp_fits_and_each_papers_largest_model", "test_rehearsal_ci_subset")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    longest = [next((it for it in items if it.originalname == name), None) for name in LONGEST]
+    if None in longest:
+        return
+    rest = [it for it in items if it not in longest]
+    half = len(items) // 2
+    items[:] = [longest[0], *rest[: half - 1], longest[1], *rest[half - 1 :]]

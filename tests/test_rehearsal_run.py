@@ -2,8 +2,7 @@
 the papers' model sizes → evaluation protocol → tables, in a scratch copy that leaves this repository untouched.
 
 The slow tier (`python -m pytest -n 2 -m slow`) runs the CI subset (one full-size experiment per paper, download →
-table; 5-6 minutes) and, apart, the rehearsal's four 2-process DDP fits with the largest model of each paper (in two
-halves, one per worker);
+table; 5-6 minutes on 2 cores) and, apart, the rehearsal's four 2-process DDP fits with the largest model of each paper;
 `python -m pytest -m rehearsal` runs every stage of the four papers and the DDP fits (see README.md, "Rehearsal of
 the paper profile"; its committed record is checked by tests/test_rehearsal_record.py).
 """
@@ -88,28 +87,18 @@ def _largest_stages() -> dict[str, str]:
     return {paper: stage for paper, (_, stage) in best.items()}
 
 
-# Two halves that the slow tier's two workers run side by side (the ∞-former's dialogue stage alone is ~12 minutes
-# on 2 cores): the DDP fits go with the ∞-former's stage, whose upstream builds the data the sorting fit reads.
-HALVES = {"txl-mgk-lamemo": (("transformer_xl", "mgk", "lamemo"), "no"),
-          "infinity_former-ddp": (("infinity_former",), "yes")}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("half", list(HALVES))
-def test_rehearsal_ddp_fits_and_each_papers_largest_model(half, tmp_path, monkeypatch):
+def test_rehearsal_ddp_fits_and_each_papers_largest_model(tmp_path, monkeypatch):
     """The rehearsal's four 2-process DDP fits and the stage of each paper's largest model (with the stages
     upstream of them), at their paper sizes: every step passes, each at most 16 GiB resident."""
     monkeypatch.chdir(ROOT)
-    papers, ddp = HALVES[half]
     stages = _largest_stages()
     assert set(stages) == set(PAPERS) and stages["transformer_xl"] == "txl_run@lm1b_large"
-    assert sorted(p for ps, _ in HALVES.values() for p in ps) == sorted(PAPERS)
-    wanted = [stages[p] for p in papers]
     work = tmp_path / "rehearsal"
-    _rehearse("--stages", *wanted, "--ddp", ddp, "--keep-going", work=work)
+    _rehearse("--stages", *stages.values(), "--ddp", "yes", "--keep-going", work=work)
     summary = json.loads((work / "summary.json").read_text())
     ran = [s["stage"] for s in summary["stages"]]
-    assert set(wanted) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == (4 if ddp == "yes" else 0)
+    assert set(stages.values()) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == 4
     assert summary["failed"] == [] and all(s["peak_rss_mb"] <= 16 * 1024 for s in summary["stages"])
 
 
