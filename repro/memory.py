@@ -1,12 +1,16 @@
-"""Segment-level memory, as pure functions (Transformer-XL §3.2).
+"""Segment-level memory (Transformer-XL §3.2), and the interface through which memory mechanisms compose.
 
-A memory is a list with one tensor per layer, (B, M, D) batch-first, M ≤ mem_len; the first segment of a split
-starts with an empty memory (M = 0), as the reference does, not with zeros.
+A memory is a list of batch-first tensors: Transformer-XL's holds one (B, M, D) per layer, M ≤ mem_len; the first
+segment of a split starts with an empty memory (M = 0), as the reference does, not with zeros. `MemoryMechanism`
+is the contract of one mechanism (compressed memory, continuous long-term memory, look-ahead refresh, or a new
+one) in a layer loop that keeps the short memory; mechanisms register by name (`register`), so that a config
+names them and the shared layer knows none of them.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def empty_memory(n_layers: int, *, batch: int, d_model: int, device=None, dtype=torch.float32) -> list[torch.Tensor]:
@@ -29,3 +33,89 @@ def update_memory(old: list[torch.Tensor], new: list[torch.Tensor], *, mem_len: 
 
 def memory_length(mems: list[torch.Tensor] | None) -> int:
     return 0 if not mems else mems[0].shape[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The memory interface: how a mechanism plugs into a segment-recurrent layer loop
+# --------------------------------------------------------------------------------------------------------------
+
+class MemoryMechanism(nn.Module):
+    """One memory mechanism of a segment-recurrent Transformer, composable with others in one layer loop.
+
+    The loop (the memory arena's `papers/arena/model.py`) keeps Transformer-XL's short memory itself: per layer
+    the last `mem_len` inputs of the layer. A mechanism adds to it through four hooks, each called per layer `i`
+    with that layer's `state` (a tuple of `len(slots)` batch-first tensors):
+
+    - `context(i, state)`: rows attended before the short memory (the compressed memory), or None;
+    - `read(i, layer, x_BTD, state)`: a term added to the attention's output before the residual (the ∞-former's
+      long-term memory, Eq. 12), from the attention's input `x_BTD`, or None;
+    - `write(i, layer, state, evicted_BOD, inputs_BTD)`: the next state, from the rows the short memory evicted at
+      this segment (oldest first; none while it fills) and the layer's inputs of the segment;
+    - `evict(short_BMD, new_BTD, mem_len)`: which rows the short memory keeps and which leave it; None keeps
+      Transformer-XL's rule (the last `mem_len`). At most one mechanism of a model may define it.
+
+    `begin()` is called once before each forward pass (a mechanism resets what it collects per pass there), and
+    `context_len` is the most rows `context` returns (the evaluation's `same_length` counts them as memory).
+
+    A mechanism may also own the layer step (`owns_layer_step`, LaMemo's look-ahead refresh of the memory rows);
+    at most one of a model may. `aux_losses()` gives the weighted auxiliary losses of the last forward pass
+    (added to the NLL as they are). State tensors are detached and batch-first, so that checkpoints save them and
+    DDP re-shards them like Transformer-XL's memory; `empty(batch, like)` gives one layer's state before the first
+    segment.
+
+    A new mechanism is one file: a subclass registered by name (`@register("name")`), then named in a config.
+    """
+
+    slots: tuple[str, ...] = ()
+    owns_layer_step = False
+    context_len = 0
+
+    def begin(self) -> None:
+        return None
+
+    def empty(self, batch: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def context(self, i: int, state: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        return None
+
+    def read(self, i: int, layer: nn.Module, x_BTD: torch.Tensor, state: tuple[torch.Tensor, ...]
+             ) -> torch.Tensor | None:
+        return None
+
+    def write(self, i: int, layer: nn.Module, state: tuple[torch.Tensor, ...], evicted_BOD: torch.Tensor,
+              inputs_BTD: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return state
+
+    def evict(self, short_BMD: torch.Tensor, new_BTD: torch.Tensor, mem_len: int
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+MECHANISMS: dict[str, type[MemoryMechanism]] = {}
+
+
+def register(name: str):
+    """Class decorator: makes a `MemoryMechanism` subclass available to configs under `name`."""
+
+    def add(cls: type[MemoryMechanism]) -> type[MemoryMechanism]:
+        if not (isinstance(cls, type) and issubclass(cls, MemoryMechanism)):
+            raise TypeError(f"{cls!r} is not a MemoryMechanism subclass")
+        if MECHANISMS.get(name, cls) is not cls:
+            raise ValueError(f"memory mechanism {name!r} is registered twice ({MECHANISMS[name].__qualname__} and "
+                             f"{cls.__qualname__}): rename one")
+        MECHANISMS[name] = cls
+        return cls
+
+    return add
+
+
+def evict_oldest(short_BMD: torch.Tensor, new_BTD: torch.Tensor, mem_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transformer-XL's rule: (the last `mem_len` rows of [short; new], the rows before them), detached."""
+    with torch.no_grad():
+        cat = torch.cat([short_BMD.to(new_BTD.dtype), new_BTD], dim=1) if short_BMD.shape[1] else new_BTD
+        cut = max(0, cat.shape[1] - mem_len)
+        return cat[:, cut:].detach(), cat[:, :cut].detach()

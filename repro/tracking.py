@@ -38,6 +38,27 @@ def hardware() -> str:
     return f"CPU {platform.machine()} {cpu_model()} ×{os.cpu_count()} cores ({torch.get_num_threads()} threads)"
 
 
+# the instruction sets that decide which CPU kernels PyTorch's matrix products take, as /proc/cpuinfo names them
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> tuple[str | None, set[str]]:
+    """The first CPU's model name (None where /proc/cpuinfo gives none) and its instruction-set flags, without
+    importing torch."""
+    name, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name is None:
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    return name, flags
+
+
 def cpu_model() -> str:
     """The CPU's model name and the instruction set PyTorch's kernels use, with its bf16 support, e.g. "AMD EPYC
     (AVX512, avx512_bf16)" or "AMD EPYC (AVX2, no bf16 instructions, bf16 products in float32)". bf16 matrix products
@@ -45,17 +66,10 @@ def cpu_model() -> str:
     for bit only on a CPU of the same kind (README, "Profiles")."""
     import torch
 
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name in ("unknown", platform.machine()):
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
+    model, flags = cpu_flags()
+    name = platform.processor() or platform.machine()
+    if model and name in ("unknown", platform.machine()):
+        name = model
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags] or ["no bf16 instructions"]
     from repro import precision
 

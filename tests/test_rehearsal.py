@@ -1,5 +1,6 @@
 """The paper profile's rehearsal (`repro rehearse`, repro/rehearsal.py): its overrides cap training and shrink data,
-but leave every paper model at its paper size and every protocol as configured; its records are labelled."""
+but leave every paper model at its paper size and every protocol as configured, the dialogue test's generation
+length aside (capped); its records are labelled."""
 
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
         return sum(p.numel() for p in cli.model.parameters())
 
     assert n(rehearsed) == n(plain) > 0
-    # the model's settings and every protocol length are untouched; only trainer caps and data sizes change
-    assert _flat(rehearsed.config["model"]) == _flat(plain.config["model"])
+    # the model's settings and every protocol length are untouched; only trainer caps and data sizes change, and
+    # the dialogue test's generation length (test_the_dialogue_rehearsal_caps_only_the_generation_length)
+    r, p = _flat(rehearsed.config["model"]), _flat(plain.config["model"])
+    changed = {k for k in r | p if r.get(k) != p.get(k)}
+    assert changed <= ({"init_args.generation.max_tokens"} if "Dialogue" in config_overrides(config)[-1] else set())
     for key in PROTOCOL_KEYS:
         assert rehearsed.config["data"]["init_args"].get(key) == plain.config["data"]["init_args"].get(key)
     # two batches of one epoch; the schedule's horizon (max_steps) stays the paper's
@@ -49,6 +53,24 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
     assert t["limit_train_batches"] == (1.0 if whole_epoch else 2) and t["max_epochs"] == 1
     assert rehearsed.config["run"]["rehearsal"] is True
     assert t["max_steps"] == plain.config["trainer"]["max_steps"]
+
+
+@pytest.mark.parametrize("config", [c for c in PAPER_CONFIGS if "/gpt2_dog_" in c])
+def test_the_dialogue_rehearsal_caps_only_the_generation_length(config, monkeypatch):
+    """Each drawn token runs the paper-size model over a whole context piece: the rehearsal's test draws a few
+    short replies (4 of at most 8 tokens, the paper's 50), scored as the paper's; every other generation setting
+    is the paper's."""
+    from dataclasses import asdict, replace
+
+    from repro.cli.cli import build
+
+    monkeypatch.chdir(ROOT)
+    test = [config, config.replace(".yaml", ".eval.yaml")]
+    plain, rehearsed = build(test, meta=True), build([*test, *config_overrides(config)[1::2]], meta=True)
+    paper, capped = plain.model.generation, rehearsed.model.generation
+    assert paper.enabled and paper.max_tokens == 50 and capped.max_tokens == 8
+    assert asdict(capped) == asdict(replace(paper, max_tokens=8))
+    assert rehearsed.datamodule.max_responses == 4 and plain.datamodule.max_responses is None
 
 
 def test_every_rehearsal_override_names_a_data_module_of_the_paper_configs():

@@ -95,3 +95,23 @@ def test_the_disk_block_says_when_no_rehearsal_is_recorded(tmp_path):
     block = docs.rehearsal_disk_block(tmp_path / "summary.json")
     assert block.startswith("A full rehearsal needs about 39 GB of free disk: 37 GB") and "peaked at 30 GB" in block
     assert max(len(line) for line in block.splitlines()) <= 116
+
+
+def test_the_machine_names_the_cpu_its_speed_flags_cores_and_memory():
+    """One string: the model, the instruction sets that decide the CPU kernels' speed (those /proc/cpuinfo lists of
+    `repro.tracking.SPEED_FLAGS`), the cores and the memory; read without torch, as the rehearsal's parent has none."""
+    import subprocess
+    import sys
+
+    from repro.tracking import SPEED_FLAGS, cpu_flags
+
+    code = ("import sys\nfrom repro.cli import rehearsal_record\n"
+            "print(rehearsal_record.machine(), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)
+    text, torch_imported = done.stdout.strip().rsplit(" ", 1)
+    assert torch_imported == "False" and text == rehearsal_record.machine()
+    name, flags = cpu_flags()
+    has = [f for f in SPEED_FLAGS if f in flags]
+    assert text.startswith(name or "unknown CPU") and f" {os.cpu_count()} cores, " in text and text.endswith(" memory")
+    assert (f"({', '.join(has)})" in text) == bool(has) and "\n" not in text

@@ -138,3 +138,23 @@ def test_the_stop_is_the_first_of_max_steps_and_the_epochs():
 
     assert stop_step(Varying()) == 400
 
+
+def test_ddp_runs_do_not_recommend_sync_dist_and_other_warnings_stay(monkeypatch):
+    """Under DDP Lightning recommends `sync_dist=True` for every epoch-level metric logged without it (three lines a
+    fit); the metrics are already summed over the ranks, so `quiet()` drops that message, and only that one."""
+    import warnings
+
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    from repro.cli.lightning_cli import quiet
+
+    monkeypatch.delenv("REPRO_VERBOSE", raising=False)
+    recommendation = ("It is recommended to use `self.log({!r}, ..., sync_dist=True)` when logging on epoch level in "
+                      "distributed setting to accumulate the metric across devices.")  # Lightning's words
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        quiet()
+        for name in ("val/loss", "test/acc"):
+            warnings.warn(recommendation.format(name), PossibleUserWarning, stacklevel=1)
+        warnings.warn("It is recommended to use a larger batch size", PossibleUserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["It is recommended to use a larger batch size"]

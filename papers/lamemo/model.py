@@ -224,17 +224,23 @@ def look_ahead_window(m: int, t: int, *, full: bool, device=None):
 
 
 def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
-                     memory_output: bool = True):
+                     memory_output: bool = True, read=None):
     """One backbone layer with look-ahead memory: the memory rows and the current rows go through the attention
     (`LaMemoAttention.look_ahead`), residual, LayerNorm and feed-forward together. Returns (current rows' output,
     memory rows' output = the next layer's memory, and the attention's vectors and log-normalisers as
     `look_ahead` returns them). Without `memory_output` (the last layer, whose memory rows feed no further layer)
-    only the current rows go on after the attention, and the memory rows' output is None."""
+    only the current rows go on after the attention, and the memory rows' output is None. `read`: None, or a
+    function of the current rows' attention input whose result is added to their attention output (a memory
+    mechanism's read, `repro.memory.MemoryMechanism.read`; the memory rows get none)."""
     m = mem_BMD.shape[1]
     x = torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], dim=1)
     xn = layer.attn_norm(x) if layer.pre_lnorm else x
     a_cur, a_mem, *attention = layer.attn.look_ahead(xn, m, bias_TK=bias_TK, pos=pos, recur_BMHE=recur_BMHE,
                                                      lse_BMH=lse_BMH, first=first, memory_output=memory_output)
+    if read is not None:
+        term = read(xn[:, m:])
+        if term is not None:
+            a_cur = a_cur + term.to(a_cur.dtype)
     if a_mem is None:
         x, a, m = h_BTD, a_cur, 0
     else:
@@ -295,35 +301,67 @@ class LaMemo(TransformerXL):
             raise ValueError(f"a LaMemo memory has 1 + 2 × {len(self.layers)} tensors, got {len(mems)} (a memory "
                              "of another model?)")
         m = mems[0].shape[1]
-        k = m + t
-        dev, dt = emb.device, emb.dtype
-        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=dev)
-        r_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=dev), self.cfg.d_model).to(dt)
-        fut = torch.arange(1, m + 1, device=dev)
-        if self.lamemo.variant == "txl":
-            fut = -fut
-        elif clamp_len > 0:
-            fut = fut.clamp(max=clamp_len)
-        r_fut = sinusoid_table(fut, self.cfg.d_model).to(dt)
         v_fut = self.r_r_bias if self.lamemo.variant == "txl" else self.r_r_bias_future
         u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
-        window = look_ahead_window(m, t, full=self.lamemo.variant == "full", device=dev) if m else None
-        pos = (self.drop(r_KD), self.r_w_bias, self.r_r_bias, self.drop(r_fut), u_fut, v_fut, window)
-        bias_TK = mask_bias(mask_TK)
-        h = self.drop(emb)
-        keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment]
-        new = [torch.cat([mems[0].to(h.dtype), h], dim=1)[:, keep:].detach()]
-        mem = mems[0]
-        for i, layer in enumerate(self.layers):
-            last = i == len(self.layers) - 1
-            first = min(keep, m) if last else 0
-            h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
-                layer, h, mem, bias_TK=bias_TK, pos=pos, recur_BMHE=mems[1 + 2 * i], lse_BMH=mems[2 + 2 * i],
-                first=first, memory_output=not last)
-            if keep >= m:  # the memory rows drop out of the next memory
-                vec, lse = vec_cur[:, keep - m :], lse_cur[:, keep - m :]
-            else:  # refreshed rows first… (first ≤ keep) are rows keep… of [memory; segment]
-                vec = torch.cat([vec_mem[:, keep - first :], vec_cur.to(vec_mem.dtype)], dim=1)
-                lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
-            new += [vec.detach(), lse.detach()]
-        return self.drop(h), new
+        pos, bias_TK = look_ahead_inputs(self, m, t, variant=self.lamemo.variant, u_fut=u_fut, v_fut=v_fut,
+                                         clamp_len=clamp_len, same_length=same_length, mem_len=mem_len, like=emb)
+        recur = [(mems[1 + 2 * i], mems[2 + 2 * i]) for i in range(len(self.layers))]
+        h, emb_mem, states = look_ahead_layers(self.layers, self.drop(emb), mems[0], recur, pos=pos, bias_TK=bias_TK,
+                                               mem_len=mem_len)
+        return self.drop(h), [emb_mem] + [x for state in states for x in state]
+
+
+def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_fut, v_fut, clamp_len: int,
+                      same_length: bool, mem_len: int, like: torch.Tensor):
+    """What every look-ahead layer reads: (`pos` of `LaMemoAttention.look_ahead`, the causal score bias (T, K)),
+    for a memory of m rows and a segment of t; `u_fut`, `v_fut` the look-ahead's content and position biases. The
+    model's dropout draws the positions' masks (causal table, then the future one)."""
+    k = m + t
+    dev, dt = like.device, like.dtype
+    mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=dev)
+    r_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=dev), model.cfg.d_model).to(dt)
+    fut = torch.arange(1, m + 1, device=dev)
+    if variant == "txl":
+        fut = -fut
+    elif clamp_len > 0:
+        fut = fut.clamp(max=clamp_len)
+    r_fut = sinusoid_table(fut, model.cfg.d_model).to(dt)
+    window = look_ahead_window(m, t, full=variant == "full", device=dev) if m else None
+    pos = (model.drop(r_KD), model.r_w_bias, model.r_r_bias, model.drop(r_fut), u_fut, v_fut, window)
+    return pos, mask_bias(mask_TK)
+
+
+def look_ahead_layers(layers, h_BTD, emb_mem_BMD, recur, *, pos, bias_TK, mem_len: int, reads=None,
+                      evicted: list | None = None, inputs: list | None = None):
+    """The layer loop of LaMemo (`layer_look_ahead` per layer) over the segment's embeddings `h_BTD`.
+
+    `emb_mem_BMD`: the embedding memory (the layer-0 input of the memory rows); `recur`: per layer (attention
+    vectors (B,M,H,E), log-normalisers (B,M,H)) of the memory rows. Returns (the last layer's output (B,T,D), the
+    next embedding memory, per layer the next (vectors, log-normalisers)), all of the next memory detached.
+    `reads`: per layer None or a memory mechanism's read (`layer_look_ahead`); `evicted`: a list that receives, per
+    layer, the layer's inputs of the rows that leave the memory at this segment (oldest first, detached);
+    `inputs`: a list that receives the layer's inputs of the current rows."""
+    b, t, _ = h_BTD.shape
+    m = emb_mem_BMD.shape[1]
+    k = m + t
+    keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment]
+    h, mem = h_BTD, emb_mem_BMD
+    emb_next = torch.cat([mem.to(h.dtype), h], dim=1)[:, keep:].detach()
+    states = []
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        first = min(keep, m) if last else 0
+        if evicted is not None:
+            evicted.append(torch.cat([mem.to(h.dtype), h], dim=1)[:, :keep].detach())
+        if inputs is not None:
+            inputs.append(h)
+        h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
+            layer, h, mem, bias_TK=bias_TK, pos=pos, recur_BMHE=recur[i][0], lse_BMH=recur[i][1], first=first,
+            memory_output=not last, read=reads[i] if reads else None)
+        if keep >= m:  # the memory rows drop out of the next memory
+            vec, lse = vec_cur[:, keep - m :], lse_cur[:, keep - m :]
+        else:  # refreshed rows first… (first ≤ keep) are rows keep… of [memory; segment]
+            vec = torch.cat([vec_mem[:, keep - first :], vec_cur.to(vec_mem.dtype)], dim=1)
+            lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
+        states.append((vec.detach(), lse.detach()))
+    return h, emb_next, states

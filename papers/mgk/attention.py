@@ -248,7 +248,7 @@ class MGKAttention(nn.Module):
         w = (valid_BK[:, None, :, None] & valid_BK[:, None, None, :]).expand(b, h, t, k)
         self.weights.e_step(resp, w, update_K=valid_BK.any(0))
 
-    def joint_probabilities(self, q_BHTE, k_BHRKE, mask_TK, *, with_lse: bool = False):
+    def joint_probabilities(self, q_BHTE, k_BHRKE, mask_TK, *, with_lse: bool = False, score_bias=None):
         """P (B, H, T, R, K): the softmax over all R·K (component, key) pairs of the component scores, so that
         Σ_r P[..., r, j] is the attention weight of key j (softmax over j of logsumexp_r: the same number). With
         `with_lse`, (P, log-normaliser (B, H, T)): the log of Σ_j Σ_r π_r exp(−c_r‖q_i − k_jr‖²).
@@ -256,7 +256,8 @@ class MGKAttention(nn.Module):
         The scores come from one matrix product of augmented vectors: with c_r = 1/2σ_r²,
         log π_rj − c_r‖q_i − k_jr‖² = [q_i, ‖q_i‖², 1] · [2c_r k_jr, −c_r, log π_rj − c_r‖k_jr‖²]. Unlike
         `component_scores` nothing of size (T, K, R, E) or several (T, K, R) temporaries is built, and the backward
-        keeps only P."""
+        keeps only P. `score_bias`: None, or a term per (query, key) broadcastable to (B, H, T, K), added to every
+        component's score of the key (a relative-position term: the memory arena's MGK inside Transformer-XL)."""
         inv2s2 = (0.5 * torch.exp(-self.log_sigma2)).to(q_BHTE.dtype)[None, :, :, None, None]  # (1, H, R, 1, 1)
         b, h, r, k_len, _ = k_BHRKE.shape
         q2 = (q_BHTE * q_BHTE).sum(-1, keepdim=True)
@@ -269,7 +270,10 @@ class MGKAttention(nn.Module):
         k_aug = torch.cat([k_BHRKE * (2 * inv2s2), (-inv2s2).expand(b, h, r, k_len, 1), const], dim=-1)
         scores = q_aug @ k_aug.reshape(b, h, r * k_len, -1).transpose(-1, -2)  # (B, H, T, R·K)
         t = scores.shape[2]
-        scores = scores.view(b, h, t, r, k_len).masked_fill(mask_TK.unsqueeze(-2), float("-inf"))
+        scores = scores.view(b, h, t, r, k_len)
+        if score_bias is not None:
+            scores = scores + score_bias.unsqueeze(-2).to(scores.dtype)
+        scores = scores.masked_fill(mask_TK.unsqueeze(-2), float("-inf"))
         if with_lse:
             prob, lse = softmax_lse(scores.view(b, h, t, r * k_len))
             return prob.view(b, h, t, r, k_len), lse

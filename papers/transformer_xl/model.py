@@ -97,16 +97,27 @@ class DecoderLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.pre_lnorm = cfg.pre_lnorm
 
-    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
-        """(output, keys/values of [memory; segment]) — see `repro.nn.attention`."""
+    def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None, read=None):
+        """(output, keys/values of [memory; segment]) — see `repro.nn.attention`. `read`: None, or a function of the
+        attention's input that returns a term added to the attention's output before the residual (a memory
+        mechanism's read, `repro.memory.MemoryMechanism.read`)."""
         if self.pre_lnorm:
             mem = self.attn_norm(mem_BMD) if mem_BMD is not None and mem_BMD.shape[1] else mem_BMD
-            a, kv = self.attn(self.attn_norm(h_BTD), mem_BMD=mem, mask_TK=mask_TK, pos=pos, kv_mem=kv_mem)
+            x = self.attn_norm(h_BTD)
+            a, kv = self.attn(x, mem_BMD=mem, mask_TK=mask_TK, pos=pos, kv_mem=kv_mem)
+            if read is not None:
+                a = _add(a, read(x))
             h = h_BTD + self.drop(a)
             return h + self.ff(self.ff_norm(h)), kv
         a, kv = self.attn(h_BTD, mem_BMD=mem_BMD, mask_TK=mask_TK, pos=pos, kv_mem=kv_mem)
+        if read is not None:
+            a = _add(a, read(h_BTD))
         h = self.attn_norm(h_BTD + self.drop(a))
         return self.ff_norm(h + self.ff(h)), kv
+
+
+def _add(a: torch.Tensor, term: torch.Tensor | None) -> torch.Tensor:
+    return a if term is None else a + term.to(a.dtype)
 
 
 class TransformerXL(nn.Module):

@@ -28,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.ops.units import gb
+
 # Adam keeps two moments (exp_avg, exp_avg_sq) of a trained parameter's size: a float32 parameter takes 12 bytes
 # in a checkpoint (the 285M-parameter WikiText-103 large model's measured 3.4 GB, 11.9 bytes per parameter)
 OPTIMISER_COPIES = 2
@@ -183,10 +185,6 @@ def free_bytes(path: str | os.PathLike) -> tuple[int, Path]:
     while not where.exists() and where != where.parent:
         where = where.parent
     return shutil.disk_usage(where).free, where
-
-
-def gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
 
 
 def check(what: str, fits: list[Fit] | list[list[Fit]], *, jobs: int = 1, extra: int = 0, extra_what: str = "",

@@ -74,6 +74,10 @@ def quiet() -> None:
                     r".*Found .* module\(s\) in eval mode.*", r".*The number of training batches.*",
                     r".*callbacks used to create the checkpoint need to be provided.*"):
         warnings.filterwarnings("ignore", message=message)
+    # DDP: the modules log their validation and test metrics with `sync_dist=False`, computed from torchmetrics
+    # states already summed over the ranks (`repro.metrics.lm.scored`); Lightning recommends sync_dist per metric
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\(.+, \.\.\., sync_dist=True\)` "
+                            r"when logging on epoch level in distributed setting")
 
 
 quiet()

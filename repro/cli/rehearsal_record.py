@@ -27,6 +27,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from repro.tracking import SPEED_FLAGS, cpu_flags
+
 SUMMARY = Path("results") / "rehearsal" / "summary.json"
 PARTS = ("code", "configs", "pipeline")
 PIPELINE_FILES = ("dvc.yaml", "params.paper.yaml", "params.rehearsal.yaml")
@@ -73,17 +75,14 @@ def changed_files(recorded: dict, now: dict) -> list[str]:
 
 
 def machine() -> str:
-    """The CPU's model, its cores and the memory, without importing torch (the rehearsal's parent stays without)."""
-    name = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The CPU's model, the instruction sets of `repro.tracking.SPEED_FLAGS` it has, its cores and the memory, e.g.
+    "Intel(R) Xeon(R) Platinum 8488C (avx2, avx512f, avx512_bf16, amx_tile, amx_bf16), 2 cores, 24 GiB memory";
+    without importing torch (the rehearsal's parent stays without)."""
+    name, flags = cpu_flags()
+    has = [f for f in SPEED_FLAGS if f in flags]
+    isa = f" ({', '.join(has)})" if has else ""
     try:
         memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB memory"
     except (ValueError, OSError, AttributeError):
         memory = ""
-    return f"{name}, {os.cpu_count()} cores{memory}"
+    return f"{name or 'unknown CPU'}{isa}, {os.cpu_count()} cores{memory}"

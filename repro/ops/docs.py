@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from repro.ops import speed
+from repro.ops.units import gb
 from repro.tables import RESULTS
 
 PAPER_NAMES = {"transformer_xl": "Transformer-XL", "infinity_former": "∞-former", "lamemo": "LaMemo",
@@ -67,19 +68,15 @@ def speed_block(records: Path = speed.RECORDS) -> str:
     return "\n".join(lines)
 
 
-def _gb(n_bytes: float) -> str:
-    return f"{n_bytes / 1e9:.0f} GB"
-
-
 def disk_sentence(summary: dict) -> str:
     """The sentence on the disk a full rehearsal needs, from its summary."""
-    d = summary["disk"]
-    return (f"A full rehearsal needs about {_gb(d['need_bytes'] + d['mirror_and_data_bytes'])} of free disk: "
-            f"{_gb(d['need_bytes'])} for the checkpoints and the copy of the repository at their fullest, as `repro "
-            f"rehearse` estimates them from the models before it starts (it refuses in one line with less), each "
-            f"stage's checkpoints deleted once the stages that read them have run, and "
-            f"{_gb(d['mirror_and_data_bytes'])} for the mirror and the data built from it; the last one peaked at "
-            f"{_gb(d['peak_bytes'])} in its scratch folder.")
+    need, data, peak = (gb(summary["disk"][k], digits=0) for k in ("need_bytes", "mirror_and_data_bytes", "peak_bytes"))
+    total = gb(summary["disk"]["need_bytes"] + summary["disk"]["mirror_and_data_bytes"], digits=0)
+    return (f"A full rehearsal needs about {total} of free disk: {need} for the checkpoints and the copy of the "
+            f"repository at their fullest, as `repro rehearse` estimates them from the models before it starts (it "
+            f"refuses in one line with less), each stage's checkpoints deleted once the stages that read them have "
+            f"run, and {data} for the mirror and the data built from it; the last one peaked at {peak} in its "
+            f"scratch folder.")
 
 
 def rehearsal_disk_block(summary: Path = RESULTS / "rehearsal" / "summary.json") -> str:

@@ -1,0 +1,2 @@
+"""The memory arena: every memory mechanism of the four papers, and their compositions, on one backbone at equal
+compute."""

@@ -1,0 +1,216 @@
+"""The memory arena's model (`papers/arena/model.py`) against the papers' own models: with one mechanism, the
+same weights and the same tokens, a contestant computes what that paper's model computes — outputs, memories and
+auxiliary losses over several segments in float32 — so the papers' parity with the authors' code carries over to
+the arena. Compositions are checked against their parts; a toy mechanism shows the interface from outside."""
+
+import pytest
+import torch
+from torch import nn
+
+from papers.arena.model import Arena
+from papers.infinity_former.compressive import CompressiveConfig, CompressiveTransformer
+from papers.infinity_former.ltm import LTMConfig
+from papers.infinity_former.model import InfinityFormer
+from papers.lamemo.model import LaMemo, LaMemoConfig
+from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.memory import MemoryMechanism, register
+
+# weights ten times the backbone's default spread: a mis-wired mechanism moves the outputs by far more than 1e-5
+SMALL = dict(n_layer=3, d_model=32, n_head=4, d_head=8, d_inner=64, n_token=50, dropout=0.0, init_std=0.2)
+SEGMENTS, T, MEM = 5, 6, 8
+
+
+def _tokens(seed=0):
+    return torch.randint(0, 50, (SEGMENTS, 2, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _copy(src: nn.Module, dst: nn.Module, rename=lambda k: k) -> None:
+    state = {rename(k): v for k, v in src.state_dict().items()}
+    missing, unexpected = dst.load_state_dict(state, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+
+
+def _run(model, tokens, *, train=True, mem_len=MEM, **kw):
+    model.train(train)
+    torch.manual_seed(1)  # sticky memories sample their positions
+    mems, outs, aux = None, [], []
+    for seg in tokens:
+        h, mems = model(seg, mems, mem_len=mem_len, **kw)
+        outs.append(h)
+        aux.append(model.aux_losses() if hasattr(model, "aux_losses") else {})
+    return outs, mems, aux
+
+
+def _close(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert x.shape == y.shape
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def _assert_it_matters(arena: Arena, outs) -> None:
+    """The mechanism moves the last segment's output far beyond the tolerance: the backbone alone, same weights."""
+    plain = Arena(arena.cfg)
+    plain.load_state_dict(
+        {k: v for k, v in arena.state_dict().items() if not k.startswith("mechanisms.")}, strict=False)
+    base, _, _ = _run(plain, _tokens(), mem_len=MEM)
+    assert (outs[-1] - base[-1]).abs().max() > 1e-2
+
+
+def test_without_mechanisms_it_is_transformer_xl():
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    txl, arena = TransformerXL(cfg), Arena(cfg)
+    assert txl.state_dict().keys() == arena.state_dict().keys()
+    _copy(txl, arena)
+    a, ma, _ = _run(txl, _tokens())
+    b, mb, _ = _run(arena, _tokens())
+    _close(a, b)
+    _close(ma, mb)
+    assert arena.supports_kv_memory
+
+
+def test_compressive_is_the_compressive_transformer():
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    comp = CompressiveConfig(rate=2, cmem_len=6)
+    ref = CompressiveTransformer(cfg, comp)
+    arena = Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}])
+    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.startswith("compressors.") else k)
+    a, ma, aux_a = _run(ref, _tokens())
+    b, mb, aux_b = _run(arena, _tokens())
+    _close(a, b)
+    _close(ma, mb)
+    assert ma[len(ma) // 2].shape[1] == 6  # the compressed memory filled
+    for x, y in zip(aux_a, aux_b, strict=True):
+        assert x.keys() == y.keys() == {"attn_recon"}
+        torch.testing.assert_close(x["attn_recon"], y["attn_recon"])
+    _assert_it_matters(arena, b)
+
+
+@pytest.mark.parametrize("sampling", ["linear", "sticky"])
+def test_ltm_is_the_infinity_former(sampling):
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    opts = dict(n_basis=16, n_samples=8, sampling=sampling, n_bins=4, kl_weight=0.1)
+    ref = InfinityFormer(cfg, LTMConfig(**opts))
+    arena = Arena(cfg, [{"name": "ltm", **opts}])
+
+    def rename(k):
+        if ".attn.ltm." in k:
+            layer, rest = k.split(".attn.ltm.", 1)
+            return f"mechanisms.0.ltms.{layer.split('.')[1]}.{rest}"
+        return k
+
+    _copy(ref, arena, rename)
+    a, ma, aux_a = _run(ref, _tokens())
+    b, mb, aux_b = _run(arena, _tokens())
+    _close(a, b)
+    _close(ma, mb)
+    _assert_it_matters(arena, b)
+    assert ma[2 * cfg.n_layer].shape[1] == 16  # the long-term memory was fitted
+    for x, y in zip(aux_a, aux_b, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            torch.testing.assert_close(x[key], y[key])
+
+
+@pytest.mark.parametrize("variant", ["disentangled", "txl", "full"])
+def test_look_ahead_is_lamemo(variant):
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    ref = LaMemo(cfg, LaMemoConfig(variant=variant))
+    arena = Arena(cfg, [{"name": "look_ahead", "variant": variant}])
+    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.endswith("_future") else k)
+    a, ma, _ = _run(ref, _tokens())
+    b, mb, _ = _run(arena, _tokens())
+    _close(a, b)
+    _assert_it_matters(arena, b)
+    n = cfg.n_layer  # LaMemo interleaves (vectors, lse) by layer; the arena groups them by slot
+    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+
+
+def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
+    """The composition adds the long-term memory's read to LaMemo's layers and nothing else: with the read's
+    output map at zero it computes LaMemo's outputs and memory; the long-term memory receives, per layer, the rows
+    that leave LaMemo's memory (for layer 0, their embeddings)."""
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    ltm = dict(n_basis=16, n_samples=8)
+    ref = LaMemo(cfg, LaMemoConfig())
+    arena = Arena(cfg, [{"name": "look_ahead"}, {"name": "ltm", **ltm}])
+    state = {("mechanisms.0." + k if k.endswith("_future") else k): v for k, v in ref.state_dict().items()}
+    missing, unexpected = arena.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("mechanisms.1.") for k in missing)
+    heard = _run(arena, _tokens())[0]
+    with torch.no_grad():
+        for m in arena.mechanisms[1].modules():
+            if isinstance(m, nn.Linear) and m.out_features == cfg.d_model:
+                m.weight.zero_()  # the read's output map
+    a, ma, _ = _run(ref, _tokens())
+    b, mb, _ = _run(arena, _tokens())
+    _close(a, b)
+    n = cfg.n_layer
+    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+    assert (heard[-1] - b[-1]).abs().max() > 1e-2  # with its weights, the long-term memory moves the output
+    # the pending rows of layer 0: the embeddings of the segment-before-last's tokens that left the memory
+    pending0 = mb[1 + 2 * n]
+    tokens = _tokens()
+    stream = torch.cat(list(tokens), dim=1)  # (B, SEGMENTS · T)
+    total, keep_from = SEGMENTS * T, SEGMENTS * T - MEM
+    left = stream[:, total - T - MEM : keep_from]  # rows that left at the last segment
+    arena.eval()
+    torch.testing.assert_close(pending0, arena.word_emb(left))
+
+
+def test_mechanisms_that_conflict_are_refused_in_one_line():
+    cfg = TransformerXLConfig(**SMALL)
+    with pytest.raises(ValueError, match="at most one memory mechanism may own the layer step"):
+        Arena(cfg, [{"name": "look_ahead"}, {"name": "look_ahead"}])
+    with pytest.raises(ValueError, match="attends to no extra context"):
+        Arena(cfg, [{"name": "look_ahead"}, {"name": "compressive", "cmem_len": 4}])
+    with pytest.raises(ValueError, match="unknown memory mechanism 'nope': known are .*ltm"):
+        Arena(cfg, [{"name": "nope"}])
+
+
+@register("toy_summary")
+class ToySummary(MemoryMechanism):
+    """A contestant from outside the repository: per layer a running mean of every row that ever left the short
+    memory, read through a learned map and added to the attention output."""
+
+    slots = ("mean", "count")
+
+    def __init__(self, cfg, scale: float = 1.0):
+        super().__init__()
+        self.maps = nn.ModuleList(nn.Linear(cfg.d_model, cfg.d_model, bias=False) for _ in range(cfg.n_layer))
+        self.scale = scale
+
+    def empty(self, batch, like):
+        return like.new_zeros(batch, 1, like.shape[-1]), like.new_zeros(batch, 1)
+
+    def read(self, i, layer, x_BTD, state):
+        return self.scale * self.maps[i](state[0].to(x_BTD.dtype)).expand_as(x_BTD)
+
+    def write(self, i, layer, state, evicted_BOD, inputs_BTD):
+        mean, count = state
+        n = evicted_BOD.shape[1]
+        if not n:
+            return state
+        total = count + n
+        mean = (mean * count[..., None] + evicted_BOD.sum(1, keepdim=True).to(mean.dtype)) / total[..., None]
+        return mean.detach(), total
+
+
+def test_a_new_mechanism_is_one_class_and_one_config_entry():
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    arena = Arena(cfg, [{"name": "toy_summary", "module": __name__, "scale": 2.0}])
+    outs, mems, _ = _run(arena, _tokens())
+    n = cfg.n_layer
+    assert len(mems) == n + 2 * n and mems[n + n].shape == (2, 1)
+    # every row that left layer 0's memory is in its mean: all but the last MEM embeddings of the stream
+    stream = torch.cat(list(_tokens()), dim=1)
+    arena.eval()
+    expected = arena.word_emb(stream[:, : SEGMENTS * T - MEM]).mean(1, keepdim=True)
+    torch.testing.assert_close(mems[n], expected)
+    assert float(mems[2 * n][0, 0]) == SEGMENTS * T - MEM
+    _assert_it_matters(arena, outs)
