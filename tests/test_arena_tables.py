@@ -283,3 +283,34 @@ def test_a_toy_contestant_of_one_file_and_one_config_appears_in_the_table(tmp_pa
     assert float(row[col["test bpc (training memory)"]].value) > 0
     assert float(str(row[col["train MFLOP/token"]].value)) > 0
     assert [p.name for p in T.pareto_points(results, "tiny", tmp_path / "no-configs")] == ["toy"]
+
+
+def test_the_equal_flops_configs_are_what_their_budget_record_says():
+    """`repro arena-budget` wrote NAME_eqflops.yaml beside each contestant it changed and one record per profile:
+    each config holds the record's settings, within ±5% of Transformer-XL's FLOPs where the record says so, and
+    nothing else differs from the contestant's own config."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    records = sorted((root / "results/arena/budget").glob("*.json"))
+    assert {p.stem.split("_")[0] for p in records} >= {"tiny", "small"}
+    for path in records:
+        record = json.loads(path.read_text())
+        for name, entry in record["contestants"].items():
+            assert entry["within_band"] == (abs(entry["flops_per_token"] / record["reference_flops_per_token"] - 1)
+                                            <= record["band"])
+            if entry["lever"] == "none":
+                continue
+            config = root / entry["config"]
+            assert config.name == f"{name}_eqflops.yaml", config
+            budget, own = (yaml.safe_load(p.read_text()) for p in (config, config.with_name(f"{name}.yaml")))
+            ia, own_ia = budget["model"]["init_args"], own["model"]["init_args"]
+            for key, value in entry["setting"].items():
+                group, field = key.split(".")
+                assert ia[group][field] == value
+                own_ia[group][field] = value
+                if key == "memory.mem_len":
+                    own_ia["eval_memory"]["mem_len"] = value
+            own["run"]["experiment"] += "_eqflops"
+            assert budget == own, config
+            assert f"{entry['flops_per_token'] / 1e6:.3f} MFLOP" in config.read_text().splitlines()[1]

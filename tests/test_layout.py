@@ -174,7 +174,8 @@ def test_help_lists_the_commands_by_paper():
     lines = papers.splitlines()
     heading = {line.strip().rstrip(":"): i for i, line in enumerate(lines) if line.startswith("  ") and
                not line.startswith("    ")}
-    assert list(heading) == ["infinity_former", "lamemo", "mgk", "transformer_xl"]
+    assert list(heading) == ["arena", "infinity_former", "lamemo", "mgk", "transformer_xl"]
+    assert lines[heading["arena"] + 1].split()[0] == "arena-budget"
     assert lines[heading["infinity_former"] + 1].split()[0] == "bench-context"
     assert lines[heading["lamemo"] + 1].split()[0] == "bench-lamemo-authors"
     assert lines[heading["mgk"] + 1].split()[0] == "bench-attention"
@@ -189,7 +190,8 @@ def test_every_registered_command_runs_through_repro(tmp_path):
     assert {name for cmds in papers.values() for name in cmds} == {"bench-attention", "bench-context",
                                                                    "bench-lamemo-authors", "bench-mgk-authors",
                                                                    "bench-txl-authors", "ltm-gain",
-                                                                   "bench-infinity-former-authors", "bench-sdpa"}
+                                                                   "bench-infinity-former-authors", "bench-sdpa",
+                                                                   "arena-budget"}
     for cmds in papers.values():
         for name in cmds:
             done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from repro.cli.rehearsal import DDP_RUNS
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".rehearsal"
 PAPERS = ("transformer_xl", "mgk", "lamemo", "infinity_former")
@@ -79,6 +81,8 @@ def _largest_stages() -> dict[str, str]:
     best: dict[str, tuple[int, str]] = {}
     for stage, argv in runs_stages(ROOT, params).items():
         a = runs_parser().parse_args(argv)
+        if a.paper not in PAPERS:  # the memory arena composes the papers' models: the full rehearsal runs it
+            continue
         for spec in a.specs:
             cfg = ROOT / "configs" / a.paper / "paper" / f"{run_spec(spec)[0]}.yaml"
             n = sum(p.numel() for p in build([str(cfg)], meta=True).model.parameters())
@@ -98,7 +102,7 @@ def test_rehearsal_ddp_fits_and_each_papers_largest_model(tmp_path, monkeypatch)
     _rehearse("--stages", *stages.values(), "--ddp", "yes", "--keep-going", work=work)
     summary = json.loads((work / "summary.json").read_text())
     ran = [s["stage"] for s in summary["stages"]]
-    assert set(stages.values()) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == 4
+    assert set(stages.values()) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == len(DDP_RUNS)
     assert summary["failed"] == [] and all(s["peak_rss_mb"] <= 16 * 1024 for s in summary["stages"])
 
 

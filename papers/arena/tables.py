@@ -18,6 +18,7 @@ experiment with a record.
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ ORDER = ("vanilla", "txl", "compressive", "infinity", "infinity_sticky", "lamemo
 BUDGETS = {"tiny": "same backbone", "small": "same backbone", "paper": "same backbone"}
 # the long-range probe: contestant NAME on the ∞-former's sorting task is the experiment `sort_NAME`
 PROBE = "sort_"
+# a contestant at Transformer-XL's FLOPs per token: configs NAME_eqflops.yaml and results/arena/budget/<profile>.json,
+# written by `repro arena-budget` (papers/arena/budget.py)
+EQFLOPS = "_eqflops"
 SEED = re.compile(r"^(?P<base>.+)\.seed(?P<seed>\d+)$")
 
 
@@ -92,7 +96,12 @@ def contestants(results: Results, profile: str, configs: Path = CONFIGS) -> list
         if stage == "test":
             found.setdefault(base, Contestant(base, {}, {}, {})).probe[seed] = rec
     rank = {name: i for i, name in enumerate(ORDER)}
-    return sorted(found.values(), key=lambda c: (rank.get(c.name, len(ORDER)), c.name))
+
+    def key(c):
+        base = c.name.removesuffix(EQFLOPS)
+        return (c.name != base, rank.get(base, len(ORDER)), base)
+
+    return sorted(found.values(), key=key)
 
 
 def _mechanism(entry: dict) -> str:
@@ -183,6 +192,27 @@ def _level(cs: list[Contestant]) -> str:
     return next((r.get("level", "char") for c in cs for r in c.arena.values()), "char")
 
 
+def budget_cell(results: Results, profile: str, name: str) -> Cell | str:
+    """The budget of a row: the profile's (the same backbone), or, for NAME_eqflops, the lever and setting that
+    bring it to Transformer-XL's FLOPs per token, from `repro arena-budget`'s record."""
+    if not name.endswith(EQFLOPS):
+        return BUDGETS.get(profile, "—")
+    folder = results.root / NAME / "budget"
+    path = folder / f"{profile}.json"
+    if "_" in name and (folder / f"{profile}_{name.split('_')[0]}.json").is_file():  # paper: enwik8_NAME
+        path = folder / f"{profile}_{name.split('_')[0]}.json"
+    if not path.is_file():
+        return "equal FLOPs (no budget record)"
+    record = json.loads(path.read_text())
+    entry = record["contestants"].get(name.removesuffix(EQFLOPS))
+    if entry is None:
+        return "equal FLOPs (not in the budget record)"
+    setting = ", ".join(f"{k.split('.')[-1]} {entry['original'][k]} → {v}" for k, v in entry["setting"].items())
+    band = "" if entry["within_band"] else f", outside ±{record['band']:.0%}"
+    text = f"equal FLOPs ({entry['ratio']:.3f}× TXL{band}): {setting}"
+    return Cell(text, "ours", f"`repro arena-budget {profile}` ({path.as_posix()}): {record['count']}")
+
+
 # ------------------------------------------------------------------------------------------ Pareto and figure
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the points (cost, loss) that no other point dominates (lower or equal in both, lower in one),
@@ -266,7 +296,7 @@ def arena_table(results: Results, profile: str, configs: Path = CONFIGS) -> Tabl
         def arena(value, f, c=c, n=n):
             return seed_cell(c.arena, value, arena_provenance, f, seeds=n)
 
-        row = [c.name, describe_mechanisms(c.model()), BUDGETS.get(profile, "—"),
+        row = [c.name, describe_mechanisms(c.model()), budget_cell(results, profile, c.name),
                arena(lambda r: r.get("parameters"), "{:,.0f}"),
                arena(lambda r: r.get("train_flops_per_token") and r["train_flops_per_token"] / 1e6, "{:.3f}"),
                arena(lambda r: r.get("train_tokens_per_s"), "{:,.0f}"),

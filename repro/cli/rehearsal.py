@@ -47,9 +47,10 @@ CI_SUBSET = [
 ]
 
 
-# Each paper's main model, fitted by 2 DDP processes in the full rehearsal (`--ddp`).
+# Each paper's main model, and the memory arena's composition of two papers' mechanisms, fitted by 2 DDP processes
+# in the full rehearsal (`--ddp`).
 DDP_RUNS = [("transformer_xl", "wt103_base"), ("lamemo", "enwik8_lamemo"), ("infinity_former", "sort_4000_infty"),
-            ("mgk", "wt103_mgk4")]
+            ("mgk", "wt103_mgk4"), ("arena", "enwik8_lamemo_infinity")]
 
 
 def merged_params(root: Path) -> dict:
