@@ -190,11 +190,12 @@ def table(name: str, title: str, results_of: list[Verdict], *, profile: str):
     for v in results_of:
         c = v.claim
         rows.append([c.id, c.source, f"`{c.a}` {_mean_sd(v.a)}", f"`{c.b}` {_mean_sd(v.b)}", c.metric,
-                     v.reason or "—", Cell(v.text(), "ours"), *([c.note or "—"] if noted else [])])
+                     v.reason or "—", *([c.note or "—"] if noted else []), Cell(v.text(), "ours")])
     notes = [f"Profile `{profile}`; protocol pre-registered in `configs/<paper>/{profile}/claims.yaml`: the commit "
              "that added a claim precedes the runs it registers, except where its note names an arm reused from "
              "an earlier registration or a rerun of the same seeds. Effect: positive means the first model is "
              "better; interval: Welch's t at the file's confidence; `noninferior`: the first model is worse by at "
              "most δ = margin × mean of the second. Values are mean ± sample standard deviation over seeds."]
-    columns = ["claim", "paper's statement", "model", "against", "metric", "effect", "verdict"]
-    return Table(name, title, columns + (["registration and run"] if noted else []), rows, notes)
+    columns = ["claim", "paper's statement", "model", "against", "metric", "effect",
+               *(["registration and run"] if noted else []), "verdict"]
+    return Table(name, title, columns, rows, notes)

@@ -7,19 +7,19 @@ memory length, or, where no memory length reaches the band (a memory-less model,
 exceeds the reference at any memory), another depth and then the memory length at that depth: the setting that
 comes closest, within the band where one exists. The result is written as configs beside the originals,
 `NAME_eqflops.yaml` (the original config composed with the changed settings, and a header that says so), and one
-record, `results/arena/budget/PROFILE.json` (`PROFILE_CORPUS.json` with `--prefix CORPUS_`, the paper profile): per contestant the lever, its value, the FLOPs per token of the
-original and of the budget config, and the ratio to the reference. The arena table reads it for its budget column.
+record, `results/arena/budget/PROFILE.json` (`PROFILE_CORPUS.json` with `--prefix CORPUS_`, the paper profile):
+per contestant the lever, its value, the FLOPs per token of the original and of the budget config, and the ratio
+to the reference. The arena table reads it for its budget column.
 
 Differs from the papers' practice, where each compares at its own budget (LaMemo and the ∞-former at equal memory
 length, MGK at equal heads × width); the first budget of the arena, the same backbone, is theirs. FLOPs do not
-depend on the weights or the tokens: the count runs on random tokens of the config's vocabulary with one stream
-(batch size 1) in float32.
+depend on the weights or the tokens: the count runs on random tokens of the config's vocabulary, at its batch
+size (the position projection is computed once per step, not per stream) and in float32.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -35,15 +35,15 @@ def _flops(config: Path, overrides: dict[str, int]) -> float:
     from repro.data.lm import Segment
 
     args = [a for key, value in overrides.items() for a in (f"--model.init_args.{key}", str(value))]
-    cli = build([str(config)], ["--data.init_args.batch_size", "1", *args])
+    cli = build([str(config)], args)
     module = cli.model.float()
     data = cli.config["data"]["init_args"]
-    t = int(data["tgt_len"])
+    t, b = int(data["tgt_len"]), int(data["batch_size"])
     gen = torch.Generator().manual_seed(0)
 
     def batches():
         while True:
-            x = torch.randint(0, module.n_token, (1, t + 1), generator=gen)
+            x = torch.randint(0, module.n_token, (b, t + 1), generator=gen)
             yield Segment(x[:, :-1], x[:, 1:])
 
     torch.manual_seed(0)
@@ -160,7 +160,8 @@ def main(argv: list[str]) -> None:
     tgt_len = int(yaml.safe_load(ref_config.read_text())["data"]["init_args"]["tgt_len"])
     reference = _flops(ref_config, {})
     record = {"profile": args.profile, "reference": REFERENCE, "reference_flops_per_token": reference,
-              "band": BAND, "count": "train_flops of papers.arena.measure, batch 1, float32", "contestants": {}}
+              "band": BAND, "count": "train_flops of papers.arena.measure at the config's batch size, float32",
+              "contestants": {}}
     for config in contestants:
         result = equalise(config, reference, tgt_len=tgt_len)
         result["ratio"] = result["flops_per_token"] / reference

@@ -335,12 +335,24 @@ def arena_table(results: Results, profile: str, configs: Path = CONFIGS) -> Tabl
         f"the row. `pareto.png` plots the test {metric} against the training FLOPs per token"
         + (f"; on the Pareto front (fewer FLOPs, lower {metric}): {', '.join(front)}." if front else "."),
     ]
-    return Table(f"{profile}/arena", f"Memory arena, {profile} profile: the contestants at one budget "
-                 f"({BUDGETS.get(profile, 'no fixed budget')})", cols, rows, notes)
+    return Table(f"{profile}/arena", f"Memory arena, {profile} profile: the contestants with the same backbone, and "
+                 "at Transformer-XL's FLOPs per token (`_eqflops`)", cols, rows, notes)
+
+
+CLAIMS_SMALL = CONFIGS / "small" / "claims.yaml"
+
+
+def claims_table(results: Results) -> Table:
+    """The small profile's pre-registered claims (configs/arena/small/claims.yaml), decided by `repro.claims`."""
+    from repro import claims
+
+    found = claims.verdicts(results, "small", CLAIMS_SMALL)
+    return claims.table("claims_small", "Memory arena — pre-registered claims of the small profile", found,
+                        profile="small")
 
 
 def build(results: Results) -> list[Table]:
-    tables = []
+    tables = [claims_table(results)] if CLAIMS_SMALL.is_file() else []
     for profile in profiles(results):
         tables.append(arena_table(results, profile))
         metric, _, _ = _metric(_level(contestants(results, profile)))
