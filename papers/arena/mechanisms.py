@@ -21,7 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from papers.infinity_former.compressive import Compression, CompressiveConfig, reconstruction_error, split_overflow
+from papers.infinity_former.compressive import (
+    Compression,
+    CompressiveConfig,
+    layer_reconstruction_error,
+    split_overflow,
+)
 from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 from papers.lamemo.model import VARIANTS, LaMemoAttention
 from papers.transformer_xl.model import TransformerXLConfig
@@ -84,25 +89,10 @@ class CompressiveMemory(MemoryMechanism):
         return (cmem[:, max(0, cmem.shape[1] - self.comp.cmem_len):].detach(),)
 
     def _reconstruction_error(self, layer, h_BTD, old_BOD, new_BCD):
-        att = layer.attn
-        if not hasattr(att, "qkv_net"):
+        if not hasattr(layer.attn, "qkv_net"):
             raise ValueError("the compressive memory's reconstruction loss attends with a softmax attention's "
                              "projections: combine it with the default score, not mgk")
-        if self.pre_lnorm:
-            ln = layer.attn_norm
-            w_ln, b_ln = ln.weight.detach(), ln.bias.detach()
-            h_BTD, old_BOD, new_BCD = (F.layer_norm(x, ln.normalized_shape, w_ln, b_ln, ln.eps)
-                                       for x in (h_BTD, old_BOD, new_BCD))
-        w = att.qkv_net.weight.detach()
-        nh, e = att.n_head, att.d_head
-        b, t, _ = h_BTD.shape
-        q_BHTE = F.linear(h_BTD, w[: nh * e]).view(b, t, nh, e).transpose(1, 2) * att.scale
-
-        def keys_values(m_BND):
-            kv = F.linear(m_BND, w[nh * e:]).view(b, m_BND.shape[1], 2, nh, e).permute(2, 0, 3, 1, 4)
-            return kv[0], kv[1]
-
-        return reconstruction_error(q_BHTE, keys_values, old_BOD, new_BCD)
+        return layer_reconstruction_error(layer, h_BTD, old_BOD, new_BCD, pre_lnorm=self.pre_lnorm)
 
     def aux_losses(self):
         if not self._train:

@@ -223,24 +223,29 @@ class CompressiveTransformer(TransformerXL):
         return new_short + new_cmem, aux
 
     def _reconstruction_error(self, i: int, h_BTD, old_BOD, new_BCD) -> torch.Tensor:
-        """mean ‖attn(h, old) − attn(h, f_c(old))‖² for layer i, with stop-gradients on everything but f_c."""
-        layer = self.layers[i]
-        att = layer.attn
-        if self.cfg.pre_lnorm:  # the layer attends over LayerNorm-ed inputs and memories
-            ln = layer.attn_norm
-            w_ln, b_ln = ln.weight.detach(), ln.bias.detach()
-            h_BTD, old_BOD, new_BCD = (F.layer_norm(x, ln.normalized_shape, w_ln, b_ln, ln.eps)
-                                       for x in (h_BTD, old_BOD, new_BCD))
-        w = att.qkv_net.weight.detach()
-        nh, e = att.n_head, att.d_head
-        b, t, _ = h_BTD.shape
-        q_BHTE = F.linear(h_BTD, w[: nh * e]).view(b, t, nh, e).transpose(1, 2) * att.scale
+        return layer_reconstruction_error(self.layers[i], h_BTD, old_BOD, new_BCD, pre_lnorm=self.cfg.pre_lnorm)
 
-        def keys_values(m_BND):
-            kv = F.linear(m_BND, w[nh * e:]).view(b, m_BND.shape[1], 2, nh, e).permute(2, 0, 3, 1, 4)
-            return kv[0], kv[1]
 
-        return reconstruction_error(q_BHTE, keys_values, old_BOD, new_BCD)
+def layer_reconstruction_error(layer: nn.Module, h_BTD, old_BOD, new_BCD, *, pre_lnorm: bool) -> torch.Tensor:
+    """mean ‖attn(h, old) − attn(h, f_c(old))‖² for one backbone layer (its attention's `qkv_net`, and with
+    `pre_lnorm` its LayerNorm), with stop-gradients on everything but f_c. Also the arena's compressive memory's
+    (`papers/arena/mechanisms.py`)."""
+    att = layer.attn
+    if pre_lnorm:  # the layer attends over LayerNorm-ed inputs and memories
+        ln = layer.attn_norm
+        w_ln, b_ln = ln.weight.detach(), ln.bias.detach()
+        h_BTD, old_BOD, new_BCD = (F.layer_norm(x, ln.normalized_shape, w_ln, b_ln, ln.eps)
+                                   for x in (h_BTD, old_BOD, new_BCD))
+    w = att.qkv_net.weight.detach()
+    nh, e = att.n_head, att.d_head
+    b, t, _ = h_BTD.shape
+    q_BHTE = F.linear(h_BTD, w[: nh * e]).view(b, t, nh, e).transpose(1, 2) * att.scale
+
+    def keys_values(m_BND):
+        kv = F.linear(m_BND, w[nh * e:]).view(b, m_BND.shape[1], 2, nh, e).permute(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    return reconstruction_error(q_BHTE, keys_values, old_BOD, new_BCD)
 
 
 def reconstruction_error(q_BHTE: torch.Tensor, keys_values, old_BOD: torch.Tensor,
