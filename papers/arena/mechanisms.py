@@ -170,7 +170,7 @@ class LookAhead(MemoryMechanism):
         if cfg.attention != "relative":
             raise ValueError("the look-ahead memory builds on relative attention: set model.attention: relative")
         self.variant = variant
-        self.d_model, self.n_head, self.d_head = cfg.d_model, cfg.n_head, cfg.d_head
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
         # Xavier uniform, as LaMemo (the reference's `weights_init` leaves the look-ahead biases as drawn)
         if variant in ("disentangled", "disentangled_v2", "full"):
             self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
