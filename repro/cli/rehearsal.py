@@ -350,7 +350,8 @@ def rehearse(argv: list[str]) -> None:
         plan = list(pipeline.order)
     schedule = [[] for _ in plan] if args.keep_checkpoints else rehearsal_plan.drops(pipeline, plan)
     need = check_disk(root, work, plan, schedule, ddp=ddp, params=params, keep_ddp=args.keep_checkpoints)
-    print(f"rehearse: {len(plan)} stages{f' and {len(DDP_RUNS)} DDP fits' if ddp else ''}; the checkpoints and the workspace need "
+    fits = f" and {len(DDP_RUNS)} DDP fits" if ddp else ""
+    print(f"rehearse: {len(plan)} stages{fits}; the checkpoints and the workspace need "
           f"{need / 1e9:.1f} GB of disk at most", flush=True)
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
     from transformers.utils import logging as hf_logging
