@@ -314,3 +314,47 @@ def test_the_equal_flops_configs_are_what_their_budget_record_says():
             own["run"]["experiment"] += "_eqflops"
             assert budget == own, config
             assert f"{entry['flops_per_token'] / 1e6:.3f} MFLOP" in config.read_text().splitlines()[1]
+
+
+@pytest.mark.parametrize("name", ["txl", "vanilla", "compressive", "infinity", "infinity_sticky", "lamemo_infinity",
+                                  "mgk_lamemo"])
+def test_the_budget_counts_on_the_meta_device_what_a_cpu_step_counts(name):
+    """`repro arena-budget` counts on the meta device (shapes without values, a second at the papers' sizes):
+    every mechanism and the MGK score give the count of a real CPU step, at the config's memory and at another."""
+    from papers.arena.budget import _flops
+
+    config = Path(__file__).resolve().parent.parent / "configs/arena/tiny" / f"{name}.yaml"
+    for overrides in ({}, {"memory.mem_len": 8, "eval_memory.mem_len": 8}):
+        if name == "vanilla" and overrides:
+            continue
+        assert _flops(config, overrides, "meta") == _flops(config, overrides, "cpu"), overrides
+
+
+def test_a_profile_named_by_corpus_gets_one_table_per_corpus(tmp_path):
+    """The paper profile's contestants are `enwik8_NAME` and `wt103_NAME`: one table each, never bpc and perplexity
+    in one column; a profile whose configs are not named by corpus keeps one table."""
+    import yaml
+
+    configs = tmp_path / "configs"
+    (configs / "tiny").mkdir(parents=True)
+    for corpus in ("enwik8", "wt103"):
+        config = {"data": {"init_args": {"corpus": corpus}}}
+        (configs / "tiny" / f"{corpus}_toy.yaml").write_text(yaml.safe_dump(config))
+    assert T.corpora("tiny", configs) == ["enwik8_", "wt103_"]
+    _write(tmp_path, "enwik8_toy.arena.json", _arena_record("enwik8_toy", flops=2e6, tok_s=10.0, bpc_by_mem={0: 2.0}))
+    _write(tmp_path, "enwik8_toy.test.json", _test_record("enwik8_toy", 2.0))
+    word = _arena_record("wt103_toy", flops=3e6, tok_s=10.0, bpc_by_mem={})
+    word |= {"level": "word", "loss_by_context": [{"mem_len": 32, "ppl": 30.0, "loss": math.log(30.0), "tokens": 64}]}
+    _write(tmp_path, "wt103_toy.arena.json", word)
+    test = _test_record("wt103_toy", 0.0)
+    test["metrics"] = {"test/ppl": 30.0, "test/loss": math.log(30.0)}
+    _write(tmp_path, "wt103_toy.test.json", test)
+    results = Results("arena", tmp_path)
+    char, words = (T.arena_table(results, "tiny", configs, prefix) for prefix in T.corpora("tiny", configs))
+    assert (char.name, words.name) == ("tiny/arena_enwik8", "tiny/arena_wt103")
+    assert [r[0] for r in char.rows] == ["enwik8_toy"] and [r[0] for r in words.rows] == ["wt103_toy"]
+    assert "test bpc (training memory)" in char.columns and "test perplexity (training memory)" in words.columns
+    col = words.columns.index("test perplexity (training memory)")
+    assert words.rows[0][col].value == 30.0 and words.rows[0][col].fmt == "{:.2f}"
+    (configs / "tiny" / "plain.yaml").write_text(yaml.safe_dump({"data": {"init_args": {"corpus": "enwik8"}}}))
+    assert T.corpora("tiny", configs) == [""]

@@ -113,7 +113,7 @@ def test_rehearsal_params_name_existing_paper_configs():
         elif isinstance(v, str) and not v.replace(",", "").isdigit():
             specs.extend(v.split())
 
-    for paper in ("transformer_xl", "mgk", "lamemo", "infinity_former"):
+    for paper in ("transformer_xl", "mgk", "lamemo", "infinity_former", "arena"):
         collect(params[paper].get("runs", {}) | {k: v for k, v in params[paper].items()
                                                   if k in ("lra", "sorting", "gpt2", "gpt2_dog")})
         for spec in [s for s in specs if s]:

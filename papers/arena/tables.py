@@ -6,7 +6,9 @@ Follows `papers/lamemo/tables.py` (cells carry their records' provenance as foot
 `EXP.seedN` of `repro runs` specs `CONFIG@N`, shown as mean ± sample std with their count; a plot written by
 `build` beside the tables) and `repro/tables.py` (`build(results) -> list[Table]`, written by `repro tables arena`).
 Differs in where it writes: one folder per profile, `results/arena/<profile>/arena.md`, `.csv` and `pareto.png`
-(the table is named `<profile>/arena`), since every profile has the same contestants.
+(the table is named `<profile>/arena`), since every profile has the same contestants. A profile whose configs are
+named by corpus (the paper profile: `enwik8_NAME`, `wt103_NAME`) gets one table and one figure per corpus,
+`arena_<corpus>.md` and `pareto_<corpus>.png`: bpc and perplexity do not share a column.
 
 Run records, under `results/arena/runs/<profile>/<group>/` (`repro runs --paper arena … --tests train --after
 papers.arena.measure`):
@@ -76,15 +78,35 @@ def profiles(results: Results) -> list[str]:
     return sorted({profile for profile, _, _ in results.records})
 
 
-def contestants(results: Results, profile: str, configs: Path = CONFIGS) -> list[Contestant]:
-    """Every contestant of `profile`: the configs of `configs/<profile>/` and the experiments with records."""
+def _configs(profile: str, configs: Path) -> list[Path]:
+    return [p for p in sorted((configs / profile).glob("*.yaml"))
+            if ".eval." not in p.name and not p.stem.startswith(PROBE) and p.stem != "claims"]
+
+
+def corpora(profile: str, configs: Path = CONFIGS) -> list[str]:
+    """The name prefixes that split a profile into one table per corpus: `["enwik8_", "wt103_"]` where every
+    contestant's config is named `<its corpus>_NAME` (the paper profile), else `[""]` (one table)."""
+    import yaml
+
+    found = set()
+    for p in _configs(profile, configs):
+        corpus = (yaml.safe_load(p.read_text()).get("data") or {}).get("init_args", {}).get("corpus")
+        if not corpus or not p.stem.startswith(f"{corpus}_"):
+            return [""]
+        found.add(f"{corpus}_")
+    return sorted(found) or [""]
+
+
+def contestants(results: Results, profile: str, configs: Path = CONFIGS, prefix: str = "") -> list[Contestant]:
+    """Every contestant of `profile` (whose name starts with `prefix`): the configs of `configs/<profile>/` and the
+    experiments with records."""
     found: dict[str, Contestant] = {}
-    for p in sorted((configs / profile).glob("*.yaml")):
-        if ".eval." not in p.name and not p.stem.startswith(PROBE) and p.stem != "claims":
+    for p in _configs(profile, configs):
+        if p.stem.startswith(prefix):
             found[p.stem] = Contestant(p.stem, {}, {}, {})
     probes = []
     for (prof, exp, stage), rec in results.records.items():
-        if prof != profile or stage not in ("arena", "test"):
+        if prof != profile or stage not in ("arena", "test") or not exp.removeprefix(PROBE).startswith(prefix):
             continue
         base, seed = split_seed(exp)
         if base.startswith(PROBE):
@@ -98,8 +120,8 @@ def contestants(results: Results, profile: str, configs: Path = CONFIGS) -> list
     rank = {name: i for i, name in enumerate(ORDER)}
 
     def key(c):
-        base = c.name.removesuffix(EQFLOPS)
-        return (c.name != base, rank.get(base, len(ORDER)), base)
+        base = c.name.removesuffix(EQFLOPS).removeprefix(prefix)
+        return (c.name != c.name.removesuffix(EQFLOPS), rank.get(base, len(ORDER)), base)
 
     return sorted(found.values(), key=key)
 
@@ -233,9 +255,9 @@ class Point:
     front: bool = False
 
 
-def pareto_points(results: Results, profile: str, configs: Path = CONFIGS) -> list[Point]:
+def pareto_points(results: Results, profile: str, configs: Path = CONFIGS, prefix: str = "") -> list[Point]:
     """One point per contestant with both a FLOP count and a test loss, the Pareto front marked."""
-    cs = contestants(results, profile, configs)
+    cs = contestants(results, profile, configs, prefix)
     _, key, _ = _metric(_level(cs))
     raw = []
     for c in cs:
@@ -284,8 +306,8 @@ def context_lengths(cs: list[Contestant]) -> list[int]:
     return sorted({c["mem_len"] for x in cs for r in x.arena.values() for c in r.get("loss_by_context", [])})
 
 
-def arena_table(results: Results, profile: str, configs: Path = CONFIGS) -> Table:
-    cs = contestants(results, profile, configs)
+def arena_table(results: Results, profile: str, configs: Path = CONFIGS, prefix: str = "") -> Table:
+    cs = contestants(results, profile, configs, prefix)
     metric, key, ctx_key = _metric(_level(cs))
     lengths = context_lengths(cs)
     fmt = "{:.3f}" if metric == "bpc" else "{:.2f}"
@@ -308,7 +330,7 @@ def arena_table(results: Results, profile: str, configs: Path = CONFIGS) -> Tabl
                              seeds=len(c.probe or {})))
         row.append(str(n) if n else "—")
         rows.append(row)
-    points = pareto_points(results, profile, configs)
+    points = pareto_points(results, profile, configs, prefix)
     front = [p.name for p in sorted(points, key=lambda p: p.flops_per_token) if p.front]
     cols = ["contestant", "memory mechanisms", "budget", "parameters", "train MFLOP/token", "train tok/s", "eval tok/s",
             "peak memory (MB)", f"test {metric} (training memory)",
@@ -335,8 +357,10 @@ def arena_table(results: Results, profile: str, configs: Path = CONFIGS) -> Tabl
         f"the row. `pareto.png` plots the test {metric} against the training FLOPs per token"
         + (f"; on the Pareto front (fewer FLOPs, lower {metric}): {', '.join(front)}." if front else "."),
     ]
-    return Table(f"{profile}/arena", f"Memory arena, {profile} profile: the contestants with the same backbone, and "
-                 "at Transformer-XL's FLOPs per token (`_eqflops`)", cols, rows, notes)
+    corpus = prefix.rstrip("_")
+    return Table(f"{profile}/arena" + (f"_{corpus}" if corpus else ""),
+                 f"Memory arena, {profile} profile{f', {corpus}' if corpus else ''}: the contestants with the same "
+                 "backbone, and at Transformer-XL's FLOPs per token (`_eqflops`)", cols, rows, notes)
 
 
 CLAIMS_SMALL = CONFIGS / "small" / "claims.yaml"
@@ -354,9 +378,12 @@ def claims_table(results: Results) -> Table:
 def build(results: Results) -> list[Table]:
     tables = [claims_table(results)] if CLAIMS_SMALL.is_file() else []
     for profile in profiles(results):
-        tables.append(arena_table(results, profile))
-        metric, _, _ = _metric(_level(contestants(results, profile)))
-        plot_pareto(pareto_points(results, profile), results.root / NAME / profile / "pareto.png",
-                    title=f"Memory arena, {profile} profile: test {metric} against training compute",
-                    ylabel=f"test {metric}")
+        for prefix in corpora(profile):
+            corpus = prefix.rstrip("_")
+            tables.append(arena_table(results, profile, prefix=prefix))
+            metric, _, _ = _metric(_level(contestants(results, profile, prefix=prefix)))
+            plot_pareto(pareto_points(results, profile, prefix=prefix),
+                        results.root / NAME / profile / (f"pareto_{corpus}.png" if corpus else "pareto.png"),
+                        title=f"Memory arena, {profile} profile{f', {corpus}' if corpus else ''}: test {metric} "
+                              "against training compute", ylabel=f"test {metric}")
     return tables

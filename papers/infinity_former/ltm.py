@@ -58,6 +58,7 @@ Deviations from the official code (see papers/infinity_former/README.md):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -121,6 +122,11 @@ class LTMConfig:
 
 
 # ------------------------------------------------------------------------------------------ basis functions
+
+
+def _float32(device: torch.device):
+    """Autocast off (float32 regions); nothing on the meta device, which has no autocast (FLOP counts by shape)."""
+    return contextlib.nullcontext() if device.type == "meta" else torch.autocast(device.type, enabled=False)
 
 
 def rbf_centres(n_basis: int, widths: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +208,7 @@ class _ContinuousRead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W):
-        with torch.autocast(mu_BHT.device.type, enabled=False):
+        with _float32(mu_BHT.device):
             return _ContinuousRead._forward(ctx, mu_BHT, var_BHT, v_BHNE, centres_C, widths_W)
 
     @staticmethod
@@ -222,7 +228,7 @@ class _ContinuousRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz_BHTE):
         # float32 as the forward, also when the backward runs inside an autocast region (Lightning's)
-        with torch.autocast(dz_BHTE.device.type, enabled=False):
+        with _float32(dz_BHTE.device):
             return _ContinuousRead._backward(ctx, dz_BHTE)
 
     @staticmethod
@@ -452,7 +458,7 @@ class ContinuousLTM(nn.Module):
                 # built outside inference mode so that training can reuse it after evaluation
                 with torch.inference_mode(False):
                     _SHARED_G[shared] = self._build_G(kind, n_old, n_new, device)
-                if kind == "update":
+                if kind == "update" and torch.device(device).type != "meta":  # meta: shapes only, no values
                     self._warn_if_growing(_SHARED_G[shared], n_new)
             self._G[key] = _SHARED_G[shared]
         return self._G[key]
@@ -527,7 +533,7 @@ class ContinuousLTM(nn.Module):
         """The signal after appending `new_BPD` (§3.2): (B, N, D) coefficients [, relative squared fit error].
 
         Gradients reach the gate through the new vectors; the old coefficients are constants (detached)."""
-        with torch.autocast(new_BPD.device.type, enabled=False):
+        with _float32(new_BPD.device):
             x = self.smooth(new_BPD.float())
             b, p, _ = x.shape
             if coef_BND is None or coef_BND.shape[1] == 0:
@@ -560,7 +566,7 @@ class ContinuousLTM(nn.Module):
 
         μ and σ² are affine maps w of the scores K q/√E (Eq. 8–9), read here as q·(Kᵀw)/√E with Kᵀw = W_K(Bᵀw):
         the same numbers to rounding, without the (B, H, T, N) scores or the (B, N, H·E) keys."""
-        with torch.autocast(q_BHTE.device.type, enabled=False):
+        with _float32(q_BHTE.device):
             b, h, t, e = q_BHTE.shape
             n = coef_BND.shape[1]
             coef = coef_BND.float()
