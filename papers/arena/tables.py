@@ -269,6 +269,28 @@ def pareto_points(results: Results, profile: str, configs: Path = CONFIGS, prefi
     return [Point(n, x, y, s, i in front) for i, (n, x, y, s) in enumerate(raw)]
 
 
+def _label(ax, fig, points: list[Point], size: float = 8) -> None:
+    """Each point's name beside it, moved down in steps of one line until it overlaps no label placed before
+    (contestants at equal FLOPs share an x; their labels would otherwise print over each other)."""
+    ax.autoscale_view()
+    px = fig.dpi / 72  # pixels per point
+    placed: list[tuple[float, float, float, float]] = []
+    for p in sorted(points, key=lambda p: (p.flops_per_token, -p.loss)):
+        text = p.name + (f" (n={p.seeds})" if p.seeds > 1 else "")
+        x, y = ax.transData.transform((p.flops_per_token / 1e6, p.loss))
+        w, h = 0.55 * size * len(text) * px, 1.2 * size * px
+        dy = 5.0
+        for _ in range(40):
+            box = (x + 4 * px, y + dy * px, x + 4 * px + w, y + dy * px + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+            dy -= 1.2 * size
+        placed.append(box)
+        moved = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "tab:gray"}} if dy != 5.0 else {}
+        ax.annotate(text, (p.flops_per_token / 1e6, p.loss), textcoords="offset points", xytext=(4, dy),
+                    fontsize=size, **moved)
+
+
 def plot_pareto(points: list[Point], out: Path, *, title: str, ylabel: str = "test bpc") -> Path | None:
     if not points:
         return None
@@ -284,9 +306,7 @@ def plot_pareto(points: list[Point], out: Path, *, title: str, ylabel: str = "te
                edgecolors="tab:gray", label="dominated")
     ax.plot([p.flops_per_token / 1e6 for p in front], [p.loss for p in front], "o-", color="tab:red",
             drawstyle="steps-post", label="Pareto front (fewer FLOPs, lower loss)")
-    for i, p in enumerate(sorted(points, key=lambda p: p.flops_per_token)):  # neighbours' labels above and below
-        ax.annotate(p.name + (f" (n={p.seeds})" if p.seeds > 1 else ""), (p.flops_per_token / 1e6, p.loss),
-                    textcoords="offset points", xytext=(4, 5 if i % 2 == 0 else -11), fontsize=8)
+    _label(ax, fig, points)
     ax.set_xlabel("training MFLOP per token (matrix products, forward + backward, full memory)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
