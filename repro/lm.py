@@ -316,11 +316,17 @@ class SegmentLM(L.LightningModule):
         b, t = inp_BT.shape
         h = seq.shape[1] - t
         nll = torch.empty(b, t, dtype=torch.float32, device=inp_BT.device)
-        done = 0
-        while h + done < w - 1 and done < t:  # near the stream's start the window is the whole prefix
-            hidden, _ = self(seq[:, : h + done + 1], None, MemorySettings())
-            nll[:, done] = self.model.nll(hidden[:, -1:], tgt_BT[:, done : done + 1]).squeeze(1)
-            done += 1
+        # near the stream's start the window is the whole prefix. A model whose outputs depend on the prefix only
+        # (`prefix_invariant`: relative positions) scores all of those positions in one causal forward; otherwise
+        # (absolute positions counted from the end) each position gets its own forward
+        done = min(max(0, w - 1 - h), t)
+        if done and getattr(self.model, "prefix_invariant", False):
+            hidden, _ = self(seq[:, : h + done], None, MemorySettings())
+            nll[:, :done] = self.model.nll(hidden[:, h : h + done], tgt_BT[:, :done])
+        else:
+            for i in range(done):
+                hidden, _ = self(seq[:, : h + i + 1], None, MemorySettings())
+                nll[:, i] = self.model.nll(hidden[:, -1:], tgt_BT[:, i : i + 1]).squeeze(1)
         stride, step = self.eval_protocol.stride, self.eval_protocol.window_batch
         if done < t:
             # the remaining positions in blocks of `stride`; each block is scored from the window of w tokens that

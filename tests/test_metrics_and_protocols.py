@@ -27,11 +27,14 @@ def test_perplexity_and_bpc():
     assert bpc(math.log(2) * 1.5) == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize("attention", ["absolute", "relative"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_sliding_window_scores_every_token_from_its_own_window(stride):
+def test_sliding_window_scores_every_token_from_its_own_window(stride, attention):
+    """Against one forward per scored window, computed here: absolute positions (counted from the window's end)
+    take the per-position path near the stream's start, relative ones the single causal forward."""
     torch.manual_seed(0)
     cfg = TransformerXLConfig(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
-                              attention="absolute")
+                              attention=attention)
     w = 5
     module = TransformerXLLM(cfg, n_token=30, eval_protocol={"kind": "sliding", "window": w, "window_batch": 7,
                                                              "stride": stride}).eval()

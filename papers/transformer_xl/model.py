@@ -129,6 +129,12 @@ class TransformerXL(nn.Module):
     def supports_kv_memory(self) -> bool:
         return self.cfg.attention == "relative"
 
+    @property
+    def prefix_invariant(self) -> bool:
+        """Without memory, a position's output depends on its prefix only, not on how many tokens the forward holds:
+        relative positions are distances; absolute ones count from the segment's end (`SegmentLM._sliding_nll`)."""
+        return self.cfg.attention == "relative"
+
     def __init__(self, cfg: TransformerXLConfig):
         super().__init__()
         if cfg.n_token <= 0:
