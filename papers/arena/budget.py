@@ -39,8 +39,7 @@ def _flops(config: Path, overrides: dict[str, int], device: str = "meta") -> flo
     from repro.data.lm import Segment
 
     args = [a for key, value in overrides.items() for a in (f"--model.init_args.{key}", str(value))]
-    with torch.device(device):
-        cli = build([str(config)], args)
+    cli = build([str(config)], args, meta=device == "meta")
     module = cli.model.float().to(device)
     data = cli.config["data"]["init_args"]
     t, b = int(data["tgt_len"]), int(data["batch_size"])
