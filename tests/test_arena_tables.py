@@ -313,7 +313,10 @@ def test_the_equal_flops_configs_are_what_their_budget_record_says():
                     own_ia["eval_memory"]["mem_len"] = value
             own["run"]["experiment"] += "_eqflops"
             assert budget == own, config
-            assert f"{entry['flops_per_token'] / 1e6:.3f} MFLOP" in config.read_text().splitlines()[1]
+            head = config.read_text().splitlines()
+            prefix = f" --prefix {path.stem.split('_', 1)[1]}_" if "_" in path.stem else ""
+            assert f"`repro arena-budget {record['profile']}{prefix}`" in head[0]  # the command that rewrites it
+            assert f"{entry['flops_per_token'] / 1e6:.3f} MFLOP" in head[1]
 
 
 @pytest.mark.parametrize("name", ["txl", "vanilla", "compressive", "infinity", "infinity_sticky", "lamemo_infinity",
@@ -358,3 +361,38 @@ def test_a_profile_named_by_corpus_gets_one_table_per_corpus(tmp_path):
     assert words.rows[0][col].value == 30.0 and words.rows[0][col].fmt == "{:.2f}"
     (configs / "tiny" / "plain.yaml").write_text(yaml.safe_dump({"data": {"init_args": {"corpus": "enwik8"}}}))
     assert T.corpora("tiny", configs) == [""]
+
+
+@pytest.mark.parametrize("corpus, rate", [("enwik8", 3), ("wt103", 4)])
+def test_the_paper_arena_is_lamemos_transformer_xl_with_each_mechanism_added(corpus, rate):
+    """Every paper contestant of a corpus is LaMemo's Transformer-XL of that corpus (configs/lamemo/paper: backbone,
+    data, optimiser, steps, precision) with only its mechanisms and memory changed (MGK: also half the heads;
+    at equal FLOPs: also the depth); the compressive memory
+    compresses at Rae et al.'s rate for the corpus into as many slots as the memory; the memory-less model is
+    scored on windows as long as the others attend (segment + memory)."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    lamemo = yaml.safe_load((root / f"configs/lamemo/paper/{corpus}_txl.yaml").read_text())
+    shared = lambda cfg: (cfg["model"]["init_args"]["model"], cfg["model"]["init_args"]["optim"],  # noqa: E731
+                          cfg["data"], cfg["trainer"])
+    configs = sorted((root / "configs/arena/paper").glob(f"{corpus}_*.yaml"))
+    assert len([p for p in configs if not p.stem.endswith("_eqflops")]) == 9
+    for path in configs:
+        cfg = yaml.safe_load(path.read_text())
+        model, base = cfg["model"]["init_args"]["model"], lamemo["model"]["init_args"]["model"]
+        if path.stem.endswith("_eqflops"):  # the budget may change the depth: the rest is the same
+            model["n_layer"] = base["n_layer"]
+        if "_mgk" in path.stem:  # MGK's half the heads (its papers' MGK-4 against softmax-8)
+            assert model["n_head"] == base["n_head"] // 2, path.name
+            model["n_head"] = base["n_head"]
+        assert shared(cfg) == shared(lamemo), path.name
+    txl = yaml.safe_load((root / f"configs/arena/paper/{corpus}_txl.yaml").read_text())
+    mem, tgt = txl["model"]["init_args"]["memory"]["mem_len"], txl["data"]["init_args"]["tgt_len"]
+    compressive = yaml.safe_load((root / f"configs/arena/paper/{corpus}_compressive.yaml").read_text())
+    assert compressive["model"]["init_args"]["mechanisms"] == [{"name": "compressive", "rate": rate,
+                                                               "cmem_len": mem}]
+    vanilla = yaml.safe_load((root / f"configs/arena/paper/{corpus}_vanilla.yaml").read_text())
+    protocol = vanilla["model"]["init_args"]["eval_protocol"]
+    assert protocol["kind"] == "sliding" and protocol["window"] == tgt + mem
+    assert vanilla["model"]["init_args"]["memory"]["mem_len"] == 0
