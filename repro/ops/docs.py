@@ -26,7 +26,7 @@ from repro.ops.units import gb
 from repro.tables import RESULTS
 
 PAPER_NAMES = {"transformer_xl": "Transformer-XL", "infinity_former": "∞-former", "lamemo": "LaMemo",
-               "mgk": "Transformer-MGK"}
+               "mgk": "Transformer-MGK", "arena": "the memory arena"}
 VERDICTS = ("holds", "reversed", "not decided")
 
 
