@@ -374,8 +374,9 @@ def test_the_paper_arena_is_lamemos_transformer_xl_with_each_mechanism_added(cor
 
     root = Path(__file__).resolve().parent.parent
     lamemo = yaml.safe_load((root / f"configs/lamemo/paper/{corpus}_txl.yaml").read_text())
-    shared = lambda cfg: (cfg["model"]["init_args"]["model"], cfg["model"]["init_args"]["optim"],  # noqa: E731
-                          cfg["data"], cfg["trainer"])
+    def shared(cfg: dict) -> tuple:  # backbone, optimiser, data, trainer
+        return cfg["model"]["init_args"]["model"], cfg["model"]["init_args"]["optim"], cfg["data"], cfg["trainer"]
+
     configs = sorted((root / "configs/arena/paper").glob(f"{corpus}_*.yaml"))
     assert len([p for p in configs if not p.stem.endswith("_eqflops")]) == 9
     for path in configs:
