@@ -13,6 +13,7 @@ import json
 import sys
 
 from repro.cli.registry import paper_tables, table_papers
+from repro.ops import docs
 
 
 def describe_configs(paths: list[str]) -> list[dict]:
@@ -117,6 +118,14 @@ def _prepare(args) -> None:
         atomic_write_json(args.manifest, built)
 
 
+def readme_blocks() -> dict:
+    """Every generated block of the READMEs: the library's (`repro.ops.docs.BLOCKS`) and the rehearsal's, which
+    reads the pipeline (`repro.cli.rehearsal_record.BLOCKS`)."""
+    from repro.cli import rehearsal_record
+
+    return {**docs.BLOCKS, **rehearsal_record.BLOCKS}
+
+
 def _tables(args) -> None:
     from pathlib import Path
 
@@ -129,9 +138,7 @@ def _tables(args) -> None:
         print(f"repro tables speed: {len(paths)} files in results/speed", flush=True)
         return
     if args.paper == "readme":  # the READMEs' generated blocks, from the tables and records
-        from repro.ops import docs
-
-        changed = docs.write()
+        changed = docs.write(blocks=readme_blocks())
         print(f"repro tables readme: {len(changed)} of {len(docs.documents())} documents changed", flush=True)
         return
     mod = paper_tables(args.paper)
@@ -139,7 +146,11 @@ def _tables(args) -> None:
     tables = mod.build(results)
     paths = T.write(args.paper, tables)
     folders = sorted({str(p.parent) for p in map(Path, paths)})
-    print(f"repro tables {args.paper}: {len(paths)} files in {', '.join(folders)}", flush=True)
+    # the READMEs' blocks made from these tables and records, rewritten with them: a stage that reruns leaves no
+    # README behind its records
+    changed = docs.write(blocks=readme_blocks())
+    print(f"repro tables {args.paper}: {len(paths)} files in {', '.join(folders)}"
+          f"{f'; {len(changed)} README blocks rewritten' if changed else ''}", flush=True)
     if not args.no_mlflow:
         T.log_to_mlflow(args.paper, tables, paths, results)
 

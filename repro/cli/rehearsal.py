@@ -17,7 +17,9 @@ have run (`--keep-checkpoints` keeps them): the whole rehearsal then fits in abo
 writes it to `results/rehearsal/summary.json`, with the hashes of the code and configs it ran, to be committed
 (`repro.cli.rehearsal_record`).
 
-    repro rehearse                      # every stage of the four papers
+    repro rehearse                      # every stage of the four papers and the arena, then the DDP fits
+    repro rehearse --status             # per paper, how many steps are stale and why (nothing runs)
+    repro rehearse --stale              # only the stale steps (with their upstream stages), merged into the record
     repro rehearse --subset ci          # one full-size experiment per paper, download → table (CI)
     repro rehearse --stages 'txl_*'     # some stages (DVC globs), with their upstream stages
 """
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -33,9 +37,17 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
+from repro.cli import rehearsal_plan, rehearsal_record
+from repro.cli.estimate import estimates_in_child
+
 # the configs that turn a paper experiment into its rehearsal; `repro runs --rehearsal true` composes them too, and
 # they live below both commands (`repro.cli.runs` imports them, and this module imports `repro.cli.runs`)
 from repro.cli.rehearsal_configs import config_overrides
+from repro.cli.rehearsal_plan import DDP_RUNS, merged_params
+from repro.io import atomic_write_json
+from repro.ops import mirror
 
 # One experiment per paper at its full size, from download to table (`--subset ci`): the stages in order. The
 # tables stages run with `-s` (single item): their inputs are the runs above, not every group of the paper.
@@ -45,26 +57,6 @@ CI_SUBSET = [
     "lamemo_data", "lamemo_run@text8_lamemo", "lamemo_tables",
     "infinity_former_sort@sort_4000", "infinity_former_gpt2@wt103", "infinity_former_tables",
 ]
-
-
-# Each paper's main model, and the memory arena's composition of two papers' mechanisms, fitted by 2 DDP processes
-# in the full rehearsal (`--ddp`).
-DDP_RUNS = [("transformer_xl", "wt103_base"), ("lamemo", "enwik8_lamemo"), ("infinity_former", "sort_4000_infty"),
-            ("mgk", "wt103_mgk4"), ("arena", "enwik8_lamemo_infinity")]
-
-
-def merged_params(root: Path) -> dict:
-    """params.paper.yaml with params.rehearsal.yaml's keys replacing its own (nested dictionaries merged)."""
-    import yaml
-
-    def merge(a: dict, b: dict) -> dict:
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-        return out
-
-    paper = yaml.safe_load((root / "params.paper.yaml").read_text())
-    return merge(paper, yaml.safe_load((root / "params.rehearsal.yaml").read_text()))
 
 
 def _repo_files(root: Path) -> list[str]:
@@ -187,7 +179,7 @@ class DiskPeak:
 
 
 def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]], *, ddp: bool,
-               params: dict, keep_ddp: bool = False) -> int:
+               params: dict, keep_ddp: bool = False, ddp_runs: list[tuple[str, str]] = DDP_RUNS) -> int:
     """Refuse in one line, before the rehearsal creates anything, when the disk of `work` cannot hold what it
     keeps at its fullest: the checkpoints of the `repro runs` stages of the plan, in its order, each stage's
     dropped as `schedule` says (`repro.cli.rehearsal_plan.drops`: after the stage whose list names it), then those
@@ -213,7 +205,7 @@ def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]
     pos = {n: i for i, n in enumerate(plan)}
     drops = [[pos[n] for n in names] for names in schedule]
     if ddp:
-        for paper, config in DDP_RUNS:
+        for paper, config in ddp_runs:
             cfg = root / "configs" / paper / "paper" / f"{config}.yaml"
             drops.append([] if keep_ddp else [len(groups)])
             groups.append([["fit", "-c", str(cfg), *config_overrides(cfg, root=root)]])
@@ -231,6 +223,24 @@ def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]
                  extra_what=f"{copy / 1e9:.1f} GB for the workspace's copy of the repository (the mirror and the "
                             "data come on top)",
                  reclaimed=_tree_bytes(ws) if ws.exists() else 0, where=work, drops=drops)
+
+
+def fit_steps(root: Path, params: dict, names: list[str], ddp_runs: list[tuple[str, str]]) -> dict[str, list]:
+    """{step: its fit command lines} for the `repro runs` stages among `names` (with the rehearsal's caps) and the DDP
+    fits: what `repro.cli.estimate` sizes for the record."""
+    from repro.cli.runs import runs_parser, runs_steps
+
+    commands = runs_stages(root, params)
+    out = {}
+    for name in names:
+        if name in commands:
+            a = runs_parser().parse_args(commands[name])
+            out[name] = [step for step, _ in runs_steps(a.paper, a.profile, a.group, a.specs, tests=a.tests,
+                                                         rehearsal=True)]
+    for paper, config in ddp_runs:
+        cfg = Path("configs") / paper / "paper" / f"{config}.yaml"
+        out[f"ddp:{paper}/{config}"] = [["fit", "-c", str(cfg), *config_overrides(root / cfg, root=Path("."))]]
+    return out
 
 
 def stage_command(name: str) -> list[str]:
@@ -282,8 +292,6 @@ def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[di
     done = run_measured(cmd, cwd=ws, env={**env, "OMP_NUM_THREADS": "1"})
     if done.returncode:
         raise RuntimeError(f"exit {done.returncode}")
-    import json
-
     return json.loads(record.read_text()), done.peak_rss_mb
 
 
@@ -316,6 +324,11 @@ def rehearse(argv: list[str]) -> None:
                     help="all: every stage; ci: one full-size experiment per paper, download to table")
     ap.add_argument("--stages", nargs="*",
                     help="only these stages (shell globs over `dvc stage list` names) and the stages upstream of them")
+    ap.add_argument("--stale", action="store_true",
+                    help=f"only the steps whose inputs changed since {rehearsal_record.SUMMARY} (with the stages "
+                         "upstream of them); their entries replace the old ones there")
+    ap.add_argument("--status", action="store_true",
+                    help="print, per paper, how many steps are stale and why, and run nothing")
     ap.add_argument("--ddp", choices=["auto", "yes", "no"], default="auto",
                     help="2-process DDP (gloo) fits of each paper's main model (auto: with --subset all)")
     ap.add_argument("--keep-going", action="store_true", help="run every stage even after one failed")
@@ -324,9 +337,8 @@ def rehearse(argv: list[str]) -> None:
                          "the stages that read them have run)")
     ap.add_argument("--jobs", type=int, help="worker processes per group (default: params.rehearsal.yaml)")
     args = ap.parse_args(argv)
-
-    from repro.cli import rehearsal_plan, rehearsal_record
-    from repro.ops import mirror
+    if (args.stale or args.status) and (args.stages or args.subset != "all"):
+        raise ValueError("--stale and --status take every stage of the record: drop --stages/--subset")
 
     root = Path.cwd()
     if not (root / "params.paper.yaml").exists() or not (root / "dvc.yaml").exists():
@@ -335,22 +347,40 @@ def rehearse(argv: list[str]) -> None:
     work = (root / args.workdir).resolve()
     ws = work / "repo"
     t0 = time.time()
-    ddp = args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages)
-    full = args.subset == "all" and not args.stages and ddp  # the run that `results/rehearsal/` records
     params = merged_params(root)
     pipeline = rehearsal_plan.read_pipeline(root, params)
-    if args.stages:
-        matched = [n for n in pipeline.order if any(fnmatch.fnmatch(n, g) for g in args.stages)]
-        if not matched:
-            raise ValueError(f"--stages {' '.join(args.stages)} names no stage of dvc.yaml (`dvc stage list`)")
-        plan = rehearsal_plan.with_upstream(pipeline, matched)
-    elif args.subset == "ci":
-        plan = list(CI_SUBSET)
+    recorded = json.loads((root / rehearsal_record.SUMMARY).read_text()) \
+        if (root / rehearsal_record.SUMMARY).is_file() else {}
+    ddp_runs = list(DDP_RUNS)
+    if args.stale or args.status:
+        stale = rehearsal_record.stale_steps(recorded, rehearsal_record.step_inputs(root, pipeline))
+        if args.status:
+            print("\n".join(rehearsal_record.status_lines(recorded, stale, pipeline)))
+            return
+        if not stale:
+            print(f"rehearse: nothing is stale; every step of {rehearsal_record.SUMMARY} ran today's inputs")
+            return
+        plan = rehearsal_plan.with_upstream(pipeline, [n for n in pipeline.order if n in stale])
+        ddp_runs = [(p, c) for p, c in DDP_RUNS if f"ddp:{p}/{c}" in stale]
+        ddp = bool(ddp_runs)
+        print(f"rehearse: {len(stale)} stale steps; {len(plan)} stages run (with those upstream)"
+              f"{f' and {len(ddp_runs)} DDP fits' if ddp_runs else ''}", flush=True)
     else:
-        plan = list(pipeline.order)
+        ddp = args.ddp == "yes" or (args.ddp == "auto" and args.subset == "all" and not args.stages)
+        if args.stages:
+            matched = [n for n in pipeline.order if any(fnmatch.fnmatch(n, g) for g in args.stages)]
+            if not matched:
+                raise ValueError(f"--stages {' '.join(args.stages)} names no stage of dvc.yaml (`dvc stage list`)")
+            plan = rehearsal_plan.with_upstream(pipeline, matched)
+        elif args.subset == "ci":
+            plan = list(CI_SUBSET)
+        else:
+            plan = list(pipeline.order)
+    full = args.subset == "all" and not args.stages and ddp and not args.stale  # recorded whole
     schedule = [[] for _ in plan] if args.keep_checkpoints else rehearsal_plan.drops(pipeline, plan)
-    need = check_disk(root, work, plan, schedule, ddp=ddp, params=params, keep_ddp=args.keep_checkpoints)
-    fits = f" and {len(DDP_RUNS)} DDP fits" if ddp else ""
+    need = check_disk(root, work, plan, schedule, ddp=ddp, params=params, keep_ddp=args.keep_checkpoints,
+                      ddp_runs=ddp_runs)
+    fits = f" and {len(ddp_runs)} DDP fits" if ddp else ""
     print(f"rehearse: {len(plan)} stages{fits}; the checkpoints and the workspace need "
           f"{need / 1e9:.1f} GB of disk at most", flush=True)
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
@@ -359,18 +389,19 @@ def rehearse(argv: list[str]) -> None:
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar while the mirror's GPT-2 is saved
     mirror.build_mirror(work / "mirror")
     # data built from this mirror's files (a rebuilt mirror has other checksums: its data start afresh)
-    import hashlib
-
     stamp = hashlib.sha256((work / "mirror" / "manifest.json").read_bytes()).hexdigest()[:12]
     data = work / f"data-{stamp}"
     for old in work.glob("data-*"):
         if old != data:
             shutil.rmtree(old)
     make_workspace(root, ws)
-    ran = rehearsal_record.fingerprint(ws, [rel for rel in _repo_files(root) if (ws / rel).is_file()])
+    commit = rehearsal_record.head_commit(root)
+    # the inputs as the workspace holds them (edits to the checkout during a long rehearsal are not what ran)
+    inputs = rehearsal_record.step_inputs(ws, pipeline)
+    steps_ran = [*plan, *(f"ddp:{p}/{c}" for p, c in ddp_runs if ddp)]
+    estimates = estimates_in_child({k: v for k, v in fit_steps(ws, params, plan, ddp_runs if ddp else []).items()},
+                                   cwd=ws)
     if args.jobs:
-        import yaml
-
         ws_params = yaml.safe_load((ws / "params.yaml").read_text())
         ws_params["jobs"] = args.jobs
         (ws / "params.yaml").write_text(yaml.safe_dump(ws_params, sort_keys=False, width=120))
@@ -383,7 +414,7 @@ def rehearse(argv: list[str]) -> None:
         summary = run_stages(plan, ws, env, keep_going=args.keep_going, drop=drop, disk=disk)
         if ddp and (args.keep_going or not any(r["exit"] for r in summary)):
             (work / "ddp").mkdir(exist_ok=True)
-            for paper, config in DDP_RUNS:
+            for paper, config in ddp_runs:
                 print(f"rehearse: DDP, 2 processes: {paper}/{config}", flush=True)
                 t = time.time()
                 disk.take()
@@ -404,24 +435,32 @@ def rehearse(argv: list[str]) -> None:
                 if not ok and not args.keep_going:
                     break
         disk_peak = disk.overall
+    summary = [rehearsal_record.stamp({**e, **({"configs": estimates[e["stage"]]} if e["stage"] in estimates
+                                                else {})}, inputs[e["stage"]]) for e in summary]
     mirror_and_data = sum(_tree_bytes(p) for p in [work / "mirror", data, work / "client-cache"] if p.exists())
-    from repro.io import atomic_write_json
-
     failed = [r["stage"] for r in summary if r["exit"]]
-    record = {"minutes": round((time.time() - t0) / 60, 1), "steps": len(summary), "failed": failed,
+    minutes = round((time.time() - t0) / 60, 1)
+    record = {"minutes": minutes, "steps": len(summary), "failed": failed,
               "peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in summary), default=0),
               "disk": {"need_bytes": need, "mirror_and_data_bytes": mirror_and_data, "peak_bytes": disk_peak},
               "machine": rehearsal_record.machine(), "command": "repro rehearse " + " ".join(argv),
-              "fingerprint": ran, "stages": summary}
+              "commit": commit, "files": {f: d for s in steps_ran for f, d in inputs.get(s, {}).items()},
+              "stages": summary}
     atomic_write_json(work / "summary.json", record)
-    if full:  # committed with the code it ran: tests/test_rehearsal_record.py tells when the paper path moved on
+    written = ""
+    if full:  # committed with the code it ran: `repro rehearse --status` tells when a step's inputs moved on
         atomic_write_json(root / rehearsal_record.SUMMARY, record)
+        written = f" and {rehearsal_record.SUMMARY}"
+    elif args.stale:
+        merged = rehearsal_record.merge(recorded, summary, now=inputs, record={
+            "commit": commit, "command": record["command"], "minutes": minutes, "machine": record["machine"]})
+        atomic_write_json(root / rehearsal_record.SUMMARY, merged)
+        written = f" and {rehearsal_record.SUMMARY} ({len(summary)} steps merged)"
     tables = sorted(ws.glob("results/*/*.md"))
-    print(f"rehearse: {len(summary)} steps in {(time.time() - t0) / 60:.1f} min, {len(failed)} failed"
+    print(f"rehearse: {len(summary)} steps in {minutes:.1f} min, {len(failed)} failed"
           f"{': ' + ', '.join(failed) if failed else ''}; peak RSS {record['peak_rss_mb'] / 1024:.1f} GiB, scratch "
           f"disk {disk_peak / 1e9:.1f} GB; tables with the rehearsal's paper column: {ws}/results/<paper>/*.md "
-          f"({len(tables)} files); summary {work / 'summary.json'}"
-          f"{' and ' + str(rehearsal_record.SUMMARY) if full else ''}", flush=True)
+          f"({len(tables)} files); summary {work / 'summary.json'}{written}", flush=True)
     if failed:
         raise SystemExit(1)
 

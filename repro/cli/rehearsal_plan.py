@@ -21,7 +21,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 CHECKPOINTS = "checkpoints"
+
+# Each paper's main model, and the memory arena's composition of two papers' mechanisms, fitted by 2 DDP processes
+# after the stages of a full rehearsal: steps of their own, named `ddp:PAPER/CONFIG`.
+DDP_RUNS = [("transformer_xl", "wt103_base"), ("lamemo", "enwik8_lamemo"), ("infinity_former", "sort_4000_infty"),
+            ("mgk", "wt103_mgk4"), ("arena", "enwik8_lamemo_infinity")]
 
 
 @dataclass(frozen=True)
@@ -30,14 +37,26 @@ class Pipeline:
     upstream: dict[str, frozenset[str]]  # the stages whose outs a stage's deps read (DVC's edges)
     deps: dict[str, tuple[str, ...]]
     outs: dict[str, tuple[str, ...]]  # metrics and plots included
+    cmds: dict[str, str]  # each stage's command, its `${…}` filled from the parameters
+
+
+def merged_params(root: Path) -> dict:
+    """params.paper.yaml with params.rehearsal.yaml's keys replacing its own (nested dictionaries merged)."""
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    paper = yaml.safe_load((root / "params.paper.yaml").read_text())
+    return merge(paper, yaml.safe_load((root / "params.rehearsal.yaml").read_text()))
 
 
 def read_pipeline(root: Path, params: dict) -> Pipeline:
     """DVC's graph of `root`'s `dvc.yaml` with `params` as its `params.yaml` (see the module's docstring)."""
     import logging
 
-    import yaml
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # heavy (DVC's whole stack): only where a pipeline is read
 
     logging.getLogger("dvc").setLevel(logging.WARNING)  # "Initialized DVC repository." for a scratch folder
     with tempfile.TemporaryDirectory(prefix="repro-plan-") as tmp:
@@ -52,9 +71,10 @@ def read_pipeline(root: Path, params: dict) -> Pipeline:
             upstream = {s.name: frozenset(b.name for b in graph.successors(s)) for s in stages}
             deps = {s.name: tuple(d.def_path for d in s.deps) for s in stages}
             outs = {s.name: tuple(o.def_path for o in s.outs) for s in stages}
+            cmds = {s.name: s.cmd if isinstance(s.cmd, str) else " && ".join(s.cmd) for s in stages}
         finally:
             repo.close()
-    return Pipeline(_upstream_first(names, upstream), upstream, deps, outs)
+    return Pipeline(_upstream_first(names, upstream), upstream, deps, outs, cmds)
 
 
 def _upstream_first(names: list[str], upstream: dict[str, frozenset[str]]) -> tuple[str, ...]:

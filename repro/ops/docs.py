@@ -7,8 +7,8 @@ A block is the text between `<!-- repro:begin NAME -->` and `<!-- repro:end NAME
   written by each paper's `repro tables`);
 - `speed`: for each model, mode and precision of the newest GPU record, today's path beside the fastest variant
   (`results/speed/records/`, the rows of `results/speed/gpu.md`);
-- `rehearsal-disk`: the disk a full `repro rehearse` needs, from its committed summary
-  (`results/rehearsal/summary.json`, written by `repro.cli.rehearsal_record`);
+- `rehearsal`: the rehearsal's freshness and the disk a full one needs (`disk_sentence`), rendered by
+  `repro.cli.rehearsal_record.readme_block`, which the command layer adds to `BLOCKS` (it reads the pipeline);
 - `file:PATH`: a table that `repro tables` wrote (`results/<paper>/<table>.md`), without its title line: how a
   paper's README shows its reproduced tables and its deviations (each paper's `tables.py` builds them from its
   records and files), so that the shared layer needs to know no paper.
@@ -79,21 +79,7 @@ def disk_sentence(summary: dict) -> str:
             f"scratch folder.")
 
 
-def rehearsal_disk_block(summary: Path = RESULTS / "rehearsal" / "summary.json") -> str:
-    """`disk_sentence` of the committed summary, wrapped at 116 columns."""
-    import json
-    import textwrap
-
-    if not summary.exists():
-        sentence = (f"No full rehearsal is recorded ({summary.as_posix()} is missing): run `repro rehearse "
-                    "--keep-going` and commit its summary.")
-    else:
-        sentence = disk_sentence(json.loads(summary.read_text()))
-    return textwrap.fill(sentence, 116, break_on_hyphens=False)
-
-
-BLOCKS: dict[str, Callable[[], str]] = {"claims": claims_block, "speed": speed_block,
-                                        "rehearsal-disk": rehearsal_disk_block}
+BLOCKS: dict[str, Callable[[], str]] = {"claims": claims_block, "speed": speed_block}
 _BLOCK = re.compile(r"(<!-- repro:begin (?P<name>[\w:./-]+) -->\n)(?P<body>.*?)(<!-- repro:end (?P=name) -->)", re.S)
 
 
@@ -139,14 +125,14 @@ def documents(root: Path = Path()) -> list[Path]:
                    if ".venv" not in p.parts and not p.parts[0].startswith(".")})
 
 
-def write(paths: list[Path] | None = None) -> list[Path]:
+def write(paths: list[Path] | None = None, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[Path]:
     """Render the blocks of each document in place (atomically); returns the files that changed."""
     from repro.io import atomic_write_text
 
     changed = []
     for p in paths if paths is not None else documents():
         old = p.read_text()
-        new = render(old)
+        new = render(old, blocks)
         if new != old:
             atomic_write_text(p, new)
             changed.append(p)
