@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli.rehearsal import DDP_RUNS
+from repro.cli.rehearsal_record import SUMMARY
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".rehearsal"
@@ -55,7 +56,6 @@ def _check_paper_cells(ws: Path, papers=PAPERS) -> None:
         assert "REHEARSAL of the paper profile" in tables
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_rehearsal_ci_subset():
     """One experiment of each paper at its paper size, from the mirror's download to the tables."""
@@ -104,6 +104,11 @@ def test_rehearsal_ddp_fits_and_each_papers_largest_model(tmp_path, monkeypatch)
     ran = [s["stage"] for s in summary["stages"]]
     assert set(stages.values()) <= set(ran) and sum(s.startswith("ddp:") for s in ran) == len(DDP_RUNS)
     assert summary["failed"] == [] and all(s["peak_rss_mb"] <= 16 * 1024 for s in summary["stages"])
+    # each largest model's peak within 10% of what the committed rehearsal measured for its stage
+    recorded = {s["stage"]: s["peak_rss_mb"] for s in json.loads((ROOT / SUMMARY).read_text())["stages"]}
+    peaks = {s["stage"]: s["peak_rss_mb"] for s in summary["stages"]}
+    grew = {s: (peaks[s], recorded[s]) for s in stages.values() if peaks[s] > 1.1 * recorded[s]}
+    assert not grew, f"peak RSS (MiB) more than 10% above the rehearsal's record, (now, then): {grew}"
 
 
 @pytest.mark.rehearsal

@@ -92,3 +92,27 @@ def predicted_peak(measured_mb: float, recorded: dict, now: dict) -> float:
 def over(recorded: dict, now: dict) -> list[str]:
     """The figures of `now` more than `TOLERANCE` above `recorded` (both `estimate`s): "peak_bytes", …"""
     return [k for k in ("parameters", "peak_bytes", "disk_bytes") if now[k] > recorded[k] * (1 + TOLERANCE)]
+
+
+def failures(recorded_steps: list[dict], now: dict[str, dict[str, dict]]) -> list[str]:
+    """One line for each config whose estimate grew more than `TOLERANCE` above the one recorded with its step's
+    measurement: the config, the figure, both numbers, and the step's measured peak scaled to it. `recorded_steps`:
+    the summary's steps (`configs` holds their estimates); `now`: {step: {config: estimate}}, as `estimates_of`."""
+    lines = []
+    for step in recorded_steps:
+        for config, then in step.get("configs", {}).items():
+            est = now.get(step["stage"], {}).get(config)
+            if est is None:
+                continue
+            for key in over(then, est):
+                if key == "peak_bytes":
+                    lines.append(f"{config}: estimated peak {est[key] / 2**30:.2f} GiB against {then[key] / 2**30:.2f} "
+                                 f"GiB when {step['stage']} measured {step['peak_rss_mb'] / 1024:.1f} GiB; that "
+                                 f"stage now predicts {predicted_peak(step['peak_rss_mb'], then, est) / 1024:.1f} GiB")
+                elif key == "disk_bytes":
+                    lines.append(f"{config}: estimated checkpoint {est[key] / 1e9:.2f} GB against "
+                                 f"{then[key] / 1e9:.2f} GB at {step['stage']}'s last rehearsal")
+                else:
+                    lines.append(f"{config}: {est[key]:,} parameters against {then[key]:,} at {step['stage']}'s last "
+                                 f"rehearsal")
+    return lines
