@@ -62,3 +62,34 @@ def test_speed_rows_are_ranges_over_rounds(tmp_path):
                                            ["sdpa", "150–180", "1.5%–1.8%", "1.50×"]]
     block = docs.speed_block(tmp_path)
     assert "eager: 100–120 tok/s | sdpa: 150–180 tok/s (1.50×)" in block
+
+
+@pytest.mark.slow
+def test_a_rerun_stage_leaves_no_readme_behind_its_records(tmp_path, monkeypatch):
+    """The quick start's order (`dvc repro`, then the tests) on a copy of the checkout: records rewritten as a rerun
+    on another CPU rewrites them (other numbers), then the paper's tables stage (`repro tables mgk`); every document's
+    generated blocks then equal what the records give, and the paper's README shows the new numbers."""
+    import json
+    import math
+    import shutil
+    import subprocess
+    import sys
+
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for rel in filter(None, files.split("\0")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, tmp_path / rel)
+    before = (tmp_path / "papers/mgk/README.md").read_text()
+    for path in (tmp_path / "results/mgk/runs/tiny/lm").glob("*.test.json"):
+        record = json.loads(path.read_text())
+        record["metrics"] = {k: (v + math.log(1.05) if k.endswith("/loss") else v * 1.05 if k.endswith("/ppl") else v)
+                             for k, v in record["metrics"].items()}
+        path.write_text(json.dumps(record))
+    done = subprocess.run([sys.executable, "-m", "repro", "tables", "mgk", "--no-mlflow"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    for document in docs.documents(tmp_path):
+        text = (tmp_path / document).read_text()
+        assert docs.render(text, readme_blocks()) == text, f"{document}: a block lags behind the rerun's records"
+    assert (tmp_path / "papers/mgk/README.md").read_text() != before
