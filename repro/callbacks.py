@@ -354,8 +354,8 @@ class MmapCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         """Lightning's `_atomic_save` serialises the whole checkpoint into a `BytesIO` and writes a copy of that
         buffer (`getvalue()`): two copies of the checkpoint in memory at once, 6.6 GB beside the 24-layer enwik8
-        model's 4.4 GB of training state, 20 GB beside One Billion Word large's 13.5 GB (ended by the OOM killer,
-        issue 38). Here the archive goes to a temporary file beside `path` through a file object (no buffer; the
+        model's 4.4 GB of training state, 20 GB beside One Billion Word large's 13.5 GB (ended by the OOM killer).
+        Here the archive goes to a temporary file beside `path` through a file object (no buffer; the
         archive's record names fixed, as `repro.io.save_tensors` writes them), which replaces `path` once
         complete. Remote (fsspec) paths keep Lightning's own way."""
         import torch

@@ -50,7 +50,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
     """Make `dst` a hard link of `src`, atomically (a link under a temporary name beside `dst` replaces it), so that
     two names of one state share storage: a paper-size final checkpoint and its `.last.ckpt` held 3.4 GB each at
-    285M parameters (issue 38). Where the file system has no hard links (or refuses one: another device, a link
+    285M parameters. Where the file system has no hard links (or refuses one: another device, a link
     count limit) the bytes are copied instead, as atomically. Returns whether a link was made.
 
     Sharing is safe because every writer here replaces a file (`atomic_path`: a new inode under the old name) and

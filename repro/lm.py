@@ -83,7 +83,7 @@ class EvalProtocol:
 
 # Adam's multi-tensor (`foreach`) update makes a temporary of every parameter it updates at once (√v̂, the
 # denominator): One Billion Word large's 841M parameters took 3.4 GB more for it, beside 13.5 GB of weights,
-# gradients and moments (issue 38). Updated in groups of at most this many bytes, the temporary stays that small;
+# gradients and moments. Updated in groups of at most this many bytes, the temporary stays that small;
 # the update of each element is the same, so are the numbers, bit for bit; a model below it keeps one group.
 FOREACH_GROUP_BYTES = 256 << 20
 
@@ -179,7 +179,7 @@ class SegmentLM(L.LightningModule):
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         # Lightning frees the last update's gradients (`zero_grad`, set to None) between this step's forward and its
-        # backward: they sat beside the forward's activations (1.1 GB for Transformer-XL enwik8 24L, issue 38).
+        # backward: they sat beside the forward's activations (1.1 GB for Transformer-XL enwik8 24L).
         # Nothing reads them before the backward, so they go before the forward, on the batches where Lightning
         # frees them (the first of each accumulation); the numbers are the same.
         if self.automatic_optimization and batch_idx % self.trainer.accumulate_grad_batches == 0:

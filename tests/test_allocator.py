@@ -1,7 +1,7 @@
 """`repro.ops.allocator`: with the policy applied, a large tensor comes from the heap and stays there when freed, for
 the next step to reuse (glibc's own statistics say so); REPRO_MALLOC=system leaves glibc's default (a fresh mmap,
 given back), and so do the paper profile and its rehearsal (every stage under REPRO_MALLOC=system) and a model of
-`POLICY_MAX_PARAMETERS` or more, also after a model that had the policy (issue 38: it raised rehearsal stages'
+`POLICY_MAX_PARAMETERS` or more, also after a model that had the policy (it raised rehearsal stages'
 peaks by up to a third). Each allocation case in a fresh process (Linux with glibc, as CI)."""
 
 import os

@@ -1,5 +1,5 @@
 """A fit with `--run.select` or `--run.resume` and no `--run.checkpoint` writes to a default path derived from its
-run section, `checkpoints/<paper>/<profile>/<experiment>.ckpt` (issue 38: the README's multi-GPU command of a paper
+run section, `checkpoints/<paper>/<profile>/<experiment>.ckpt` (the README's multi-GPU command of a paper
 config that selects its model exited at once asking for `--run.checkpoint`).
 
 The fits run through the `repro` entry point in an empty folder outside the repository (whose root is then that

@@ -1,4 +1,4 @@
-"""The disk a group of fits needs is estimated from its models and checked before anything is written (issue 38: a
+"""The disk a group of fits needs is estimated from its models and checked before anything is written (a
 full disk ended rehearsal stages in 20-line `No space left on device` tracebacks): `repro runs` and `repro
 rehearse` refuse in one line when the free disk (`shutil.disk_usage`, monkeypatched here) cannot hold it.
 

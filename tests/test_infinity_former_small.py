@@ -1,4 +1,4 @@
-"""The ∞-former's small profile (issue 14): `configs/infinity_former/small/claims.yaml` loads and names experiments
+"""The ∞-former's small profile: `configs/infinity_former/small/claims.yaml` loads and names experiments
 and seeds that params.small.yaml's run lists train (a drop claim also needs the same model at the shortest length);
 the tables build when no small record exists ("not run"); and the claims are decided from
 seed records written as `repro runs` writes them (`<exp>.seed<N>`), the accuracy drop computed per seed.

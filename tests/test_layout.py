@@ -1,8 +1,8 @@
 """The layout's promises, checked: the shared layer `repro/` imports no paper (`papers/` depend on `repro/`, never
 the reverse; each paper adds its commands through `repro.cli.registry`), the command layer `repro.cli` has no
 import circle and sits above the library (no library module imports it), and `repro --help` lists the shared
-commands, then each paper's under the paper's name (issue 16). No source file under repro/ or papers/ is over 600
-lines (issue 39: a module does one job)."""
+commands, then each paper's under the paper's name. No source file under repro/ or papers/ is over 600
+lines (a module does one job)."""
 
 import ast
 import subprocess

@@ -1,4 +1,4 @@
-"""Peak resident memory is recorded (issue 38): each run record's provenance holds its process's peak RSS (each
+"""Peak resident memory is recorded: each run record's provenance holds its process's peak RSS (each
 rank's under DDP), and the rehearsal's summary each stage's peak RSS and seconds — the largest process of the stage,
 grandchildren included (a `dvc repro` stage runs `repro runs`, which runs workers).
 

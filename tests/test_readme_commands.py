@@ -1,4 +1,4 @@
-"""Every `repro` command line in README.md and papers/*/README.md works as written (issue 38: the README's multi-GPU
+"""Every `repro` command line in README.md and papers/*/README.md works as written (the README's multi-GPU
 command exited at once, and nothing had run it since the option that broke it landed).
 
 The commands are read from the code blocks (fenced, or indented by four spaces), a line ending in `\\` continued on

@@ -1,7 +1,7 @@
 """The plan of `repro rehearse` (`repro.cli.rehearsal_plan`): DVC's own stages and edges under the rehearsal's
 parameters, upstream first; each stage's checkpoints dropped from the scratch workspace once every stage of the plan
 that reads them has run, with their hard links in DVC's cache; and the disk need counted stage by stage with those
-drops (issue 38: kept to the end, the checkpoints alone took 70 GB of a 91 GB estimate)."""
+drops (kept to the end, the checkpoints alone took 70 GB of a 91 GB estimate)."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""A final checkpoint and its `.last.ckpt` that hold the same weights are one file with two names (issue 38: a
+"""A final checkpoint and its `.last.ckpt` that hold the same weights are one file with two names (a
 paper-size rehearsal stored 3.4 GB twice per experiment): `--run.select` whose best validation is the final step,
 or under which no validation ran, hard-links `A.ckpt` to `A.last.ckpt` (`repro.io.link_or_copy`, a copy where the
 file system refuses the link). Both load; a later save to either name (an atomic replace, a new inode) leaves the

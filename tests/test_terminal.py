@@ -107,7 +107,7 @@ def test_the_progress_bar_counts_steps(capfd):
 
 def test_a_capped_run_counts_to_where_it_stops(capfd):
     """A rehearsal keeps the paper's `max_steps` (its learning-rate schedule) and stops after one epoch of 2 batches
-    (configs/rehearsal/trainer.yaml): the line and the bar count to 2, not to the paper's 10,119 (issue 38:
+    (configs/rehearsal/trainer.yaml): the line and the bar count to 2, not to the paper's 10,119 (not
     `step 5/10119 … ETA 70h31m` in a run that stopped minutes later)."""
     capped = ["-c", os.path.join(ROOT, "configs/rehearsal/trainer.yaml"), *SMALL[:10], "--trainer.max_steps", "10119",
               "--run.tracking", "none"]

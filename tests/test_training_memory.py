@@ -1,4 +1,4 @@
-"""What a training step keeps in memory beside the model (issue 38: paper-size rehearsal stages peaked at 17-23 GB on
+"""What a training step keeps in memory beside the model (paper-size rehearsal stages peaked at 17-23 GB on
 a 24 GB machine): Adam's multi-tensor update in bounded parameter groups (`repro.lm.bounded_groups`), against one
 group, bit for bit; the last update's gradients freed before the next forward (`repro.lm.SegmentLM`), against
 Lightning's timing, bit for bit."""

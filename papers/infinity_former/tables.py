@@ -31,7 +31,7 @@ from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, pro
 
 PAPER = "infinity_former"
 PROFILES = ("tiny", "small", "paper")
-# the small profile's pre-registered protocol (issue 14); its runs are `<experiment>.seed<N>`
+# the small profile's pre-registered protocol; its runs are `<experiment>.seed<N>`
 CLAIMS_SMALL = Path(__file__).resolve().parents[2] / "configs" / PAPER / "small" / "claims.yaml"
 SEEDS = range(1, 10)  # seed records looked for in the small profile
 MODELS = [("txl", "Transformer-XL"), ("compressive", "Compressive transformer"), ("infty", "∞-former"),

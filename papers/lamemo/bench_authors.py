@@ -5,7 +5,7 @@ Follows `repro.ops.sidebyside` (the timed steps of `repro.ops.bench`, the codes 
 `MemTransformerLM` of thu-coai/LaMemo (`pytorch/mem_transformer.py`, imported from a checkout, run unmodified) at
 attn_type 3 (LaMemo, disentangled relative positions) and attn_type 0 (the original Transformer-XL code, which the
 same file carries), and ours (`papers.lamemo.model.LaMemo`, `TransformerXL`) at the same shape. What it reports is
-the slowdown of LaMemo relative to Transformer-XL within each code (issue 15: ours must be at least the official
+the slowdown of LaMemo relative to Transformer-XL within each code (ours must be at least the official
 code's own ratio and ≥ 0.65), and each model's speed against the authors'. Differs from `repro bench-txl-authors`
 in where the codes run: all four in this process, under the C allocator's policy this process has.
 

@@ -2,7 +2,7 @@
 Transformer-XL over seeds, attention utilisation (table and plot) and cost (`repro bench`).
 
 Paper numbers: the LaMemo paper's tables could not be read when this was written (../shared/TABLES-lamemo-mgk.md).
-A second search (issue 12) found only the openings of stored copies (ar5iv 2204.07341, paper-listing and review
+A second search found only the openings of stored copies (ar5iv 2204.07341, paper-listing and review
 pages: title, authors, abstract), never the tables; ../shared/seeds holds only a Chinese summary of the method.
 Enter them in `PAPER` below (test perplexity / bpc, parameters, with the table each comes from) and the tables show
 them. Until then the paper column says "not transcribed". Nothing here is ever filled with a number of ours.

@@ -16,7 +16,7 @@ GFLOP/s that follows from the tokens/s, and the share of what this process measu
 to reach in the same precision, the same threads and the same autocast (on a CPU without bf16 kernels,
 `repro.precision`'s float32 products). A code whose share is near 1 is bound by the products themselves.
 
-Shapes (issue 15's table): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
+Shapes (those of the speed comparison): `enwik8_12l` (41M: 12 layers, width 512, 8 heads of 64, inner 2048, 204 symbols,
 batch 2, segment = memory = 512, dropout 0.1) and `small` (4 layers, width 128, 4 heads of 32, inner 512, the
 4,720-word vocabulary of `embedded-word`, batch 16, segment = memory = 128, dropout 0.1). Evaluation keeps the
 shape with memory = segment, no clamp and no same_length. bf16 is `torch.autocast` on both. `--device cuda` runs

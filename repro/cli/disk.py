@@ -1,5 +1,5 @@
 """The disk that a group of fits needs for its checkpoints, estimated from the models' sizes and checked against the
-free disk before anything is written (`repro runs`, `repro rehearse`; issue 38: a full rehearsal's scratch copy
+free disk before anything is written (`repro runs`, `repro rehearse`; a full rehearsal's scratch copy
 reached 64 GB, nothing checked the free space, and a full disk ended stages in 20-line `OSError: No space left on
 device` tracebacks).
 

@@ -1,6 +1,6 @@
 """The rehearsal of the paper profile: every paper stage run offline, at the papers' model sizes, for a few steps.
 
-`repro rehearse` (issue 13) proves that `dvc repro` of the paper profile works before anyone spends GPU-days on it:
+`repro rehearse` proves that `dvc repro` of the paper profile works before anyone spends GPU-days on it:
 the real download code fetches every source from a local mirror of miniature files in the real formats
 (`repro.ops.mirror`, served on 127.0.0.1), the real data, training, evaluation, benchmark and table code runs
 every paper config at its paper size and with its protocol, and what shrinks is only how much is trained and

@@ -1,5 +1,5 @@
 """The plan of a rehearsal (`repro rehearse`): which stages run, in what order, and when its scratch workspace drops a
-stage's checkpoints (issue 38: kept to the end, the paper profile's checkpoints took 70 GB of a full rehearsal's
+stage's checkpoints (kept to the end, the paper profile's checkpoints took 70 GB of a full rehearsal's
 91 GB estimate, on a machine with 80 GB free).
 
 Follows DVC's own reading of `dvc.yaml` under the rehearsal's parameters (`dvc.repo.Repo(…).index.graph`, read in a

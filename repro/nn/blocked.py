@@ -1,5 +1,5 @@
 """Row-blocked attention softmax and float32 cross-entropy on a CPU: the numbers of the whole-tensor forms, bit for
-bit, at a fraction of their memory traffic (issue 15).
+bit, at a fraction of their memory traffic.
 
 The attention's scores are a (B, H, T, K) tensor; written as whole-tensor steps (add the positional bias, add the
 −inf mask, softmax, under bf16 in float32 and back), each step walks it in main memory, and in the backward pass as

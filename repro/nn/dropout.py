@@ -3,7 +3,7 @@
 Follows `torch.nn.Dropout` (inverted dropout: kept units scaled by 1/(1−p), identity in evaluation). Differs on the
 CPU only, in two ways:
 - How the mask is drawn: torch's CPU dropout draws a float Bernoulli per unit, which took more time than any
-  matmul but two in a Transformer-XL training step at the small shape (`torch.profiler`, issue 15). Here the mask
+  matmul but two in a Transformer-XL training step at the small shape (`torch.profiler`). Here the mask
   is one int32 of random bits per unit compared with round(p·2³¹) (`random_` on int32 is uniform on [0, 2³¹)), so
   a unit is dropped with probability p to within 2⁻³¹. Same distribution, different draws: a run with dropout > 0
   is not bit-identical to one with `nn.Dropout`.
@@ -11,7 +11,7 @@ CPU only, in two ways:
   gradient comes, where `x * keep` kept a float mask of x's size (4 bytes a unit in float32). Same numbers, bit
   for bit (tests/test_dropout.py). `dropout_matmul(prob, v, p)`, dropout(prob) @ v, keeps nothing but that mask
   beside what the softmax before it keeps already: the attention's dropped probabilities, a (B, H, T, K) float32
-  tensor per layer, are rebuilt in the backward pass instead of being kept (issue 38: with the float mask and the
+  tensor per layer, are rebuilt in the backward pass instead of being kept (with the float mask and the
   dropped copy, Transformer-XL's 24-layer enwik8 model kept three such tensors per layer). Measured at that
   model's rehearsal shape (batch 2 × 768, memory 768, dropout 0.15): the backward pass kept 385 MiB of
   activations per layer, now 231 MiB (9.0 → 5.4 GB for the 24 layers).

@@ -1,5 +1,5 @@
 """The C allocator's policy for CPU training of the small profiles and for benchmarks: freed large blocks stay in the
-process for reuse (issue 15); off for the paper profile and its rehearsal, where it cost memory (issue 38).
+process for reuse; off for the paper profile and its rehearsal, where it cost memory.
 
 PyTorch's CPU tensors come from the C library's `malloc`. glibc serves a block of more than its mmap threshold
 (128 KiB, raised as large blocks are freed, but never above 32 MiB) with a fresh `mmap` and gives it back to the
@@ -111,7 +111,7 @@ def release_freed_memory() -> bool:
     (a Trainer, its module and callbacks refer to each other), then glibc's `malloc_trim(0)`, which returns every
     free page of its heaps, not only those at the top. `repro steps` (and so each worker of `repro runs`) calls
     it between two steps: the test after a fit in the same process otherwise started beside the fit's freed heap
-    (One Billion Word large's test peaked at 17.6 GiB after a 14.0 GiB fit, issue 38). True where glibc returned
+    (One Billion Word large's test peaked at 17.6 GiB after a 14.0 GiB fit). True where glibc returned
     memory; False elsewhere, or where nothing was free."""
     import gc
 

@@ -1,5 +1,5 @@
 """Peak resident memory (RSS) of this process and of the processes it runs, for run records (`repro fit|validate|
-test --run.record`) and the rehearsal's summary (issue 38: paper-size stages were ended by the kernel's OOM killer
+test --run.record`) and the rehearsal's summary (paper-size stages were ended by the kernel's OOM killer
 at 15.7 and 22.3 GB, and nothing recorded how close each stage came to the machine's memory).
 
 The kernel's own counters, not sampling: `getrusage(2)`'s `ru_maxrss` is the high-water mark of a process's

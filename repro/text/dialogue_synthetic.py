@@ -1,7 +1,7 @@
 """The generated grounded-dialogue set (tiny and small profiles): answers that need the document, marked as such.
 
 It replaces the first tiny set (template questions about facts, answers and questions scored together), on which
-GPT-2 without the document beat every grounded model by construction (issue 14). `tiny_dog_root` builds it
+GPT-2 without the document beat every grounded model by construction. `tiny_dog_root` builds it
 (`generate_tiny_dog(root, **settings)`; settings: `conversations` per split, `filler`, `seed`); the test scores the
 answers apart with `utterance_acts` and `repro.metrics.text.scores_by_act`.
 
