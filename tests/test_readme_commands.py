@@ -76,6 +76,16 @@ def readme_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = readme_commands()
+TABLES = sorted(ROOT.glob("results/**/*.md"))
+
+
+def table_instructions() -> list[tuple[str, str]]:
+    """(file, command) of every instruction a generated table prints: "run `repro …`" in its notes."""
+    return [(str(t.relative_to(ROOT)), m[1]) for t in TABLES
+            for m in re.finditer(r"[Rr]un `((?:repro|dvc) [^`]*)`", t.read_text(encoding="utf-8"))]
+
+
+INSTRUCTIONS = table_instructions()
 
 
 def arguments(command: str) -> list[str]:
@@ -167,6 +177,19 @@ def test_readme_command(where, command, monkeypatch, capsys):
 
             assert runs_steps(namespace.paper, namespace.profile, namespace.group, namespace.specs,
                               tests=namespace.tests)
+
+
+def test_the_tables_print_instructions():
+    assert any(c == "repro profile paper" for _, c in INSTRUCTIONS)
+
+
+@pytest.mark.parametrize("where,command", INSTRUCTIONS, ids=[f"{w}:{c}" for w, c in INSTRUCTIONS])
+def test_table_instruction(where, command, monkeypatch):
+    """A table's instruction is a command that works: parsed by its command as given, its files present."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.argv", ["repro"])
+    assert command.startswith("repro "), f"{where}: {command!r} is not a `repro` command this test can check"
+    check_named_files(parse_only(arguments(command), monkeypatch), monkeypatch)
 
 
 @pytest.fixture

@@ -110,8 +110,7 @@ def _params(results: Results, experiment: str) -> Cell:
 TINY_NOTE = ("Tiny profile: models of 0.9–1.6M parameters trained for 400 steps on Python's own documentation "
              "(embedded corpora, see `repro/data/embedded.py`); its numbers are not comparable with the paper's "
              "and are shown to prove the pipeline end to end. `not run` marks cells whose run has not been made "
-             "on this machine (the paper profile needs the real corpora and GPUs: `dvc repro` with "
-             "`profile: paper` in params.yaml).")
+             "on this machine (the paper profile needs the real corpora and GPUs: run `repro profile paper`).")
 
 PROTOCOL_NOTE = ("Our test numbers use each experiment's evaluation config (`*.eval.yaml`: Transformer-XL's "
                  "protocol, longer memory, clamped distances, same_length; tiny: memory 256, clamp 128, segments "
