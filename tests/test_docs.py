@@ -93,3 +93,9 @@ def test_a_rerun_stage_leaves_no_readme_behind_its_records(tmp_path, monkeypatch
         text = (tmp_path / document).read_text()
         assert docs.render(text, readme_blocks()) == text, f"{document}: a block lags behind the rerun's records"
     assert (tmp_path / "papers/mgk/README.md").read_text() != before
+
+
+@pytest.mark.parametrize("readme", sorted(ROOT.glob("papers/*/README.md")), ids=lambda p: p.parent.name)
+def test_a_papers_readme_reads_in_minutes(readme):
+    """At most 250 lines, generated tables included: what is longer goes to docs/ or stays in results/."""
+    assert len(readme.read_text().splitlines()) <= 250, f"{readme.relative_to(ROOT)}: move detail to docs/"
