@@ -38,6 +38,7 @@ def _run(env_extra: dict, parameters: str = "none") -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.slow
 def test_freed_large_tensors_stay_in_the_heap():
     applied, mmapped, kept = _run({"REPRO_MALLOC": ""})
     assert (applied, mmapped, kept) == ("True", "False", "True")  # served from the heap, kept there when freed
@@ -49,11 +50,13 @@ def test_repro_malloc_system_keeps_the_c_librarys_default():
     assert (applied, mmapped, kept) == ("False", "True", "False")  # a fresh mmap, given back on free
 
 
+@pytest.mark.slow
 def test_a_large_model_runs_with_glibcs_default():
     applied, mmapped, kept = _run({"REPRO_MALLOC": ""}, parameters=str(100_000_000))
     assert (applied, mmapped, kept) == ("False", "True", "False")
 
 
+@pytest.mark.slow
 def test_a_large_model_after_a_small_one_puts_glibcs_default_back():
     applied, mmapped, kept = _run({"REPRO_MALLOC": ""}, parameters=f"{41_000_000} {277_000_000}")
     assert (applied, mmapped, kept) == ("False", "True", "False")
@@ -61,6 +64,7 @@ def test_a_large_model_after_a_small_one_puts_glibcs_default_back():
     assert (applied, mmapped, kept) == ("True", "False", "True")
 
 
+@pytest.mark.slow
 def test_the_paper_profile_runs_with_glibcs_default():
     applied, mmapped, kept = _run({"REPRO_MALLOC": ""}, parameters=f"{41_000_000}:small {41_000_000}:paper")
     assert (applied, mmapped, kept) == ("False", "True", "False")

@@ -250,6 +250,7 @@ class ToyMean(MemoryMechanism):
 '''
 
 
+@pytest.mark.slow
 def test_a_toy_contestant_of_one_file_and_one_config_appears_in_the_table(tmp_path, monkeypatch):
     """The README's promise, end to end: a mechanism written in its own file, named in a copy of a tiny config,
     trains, tests and is measured through the repository's commands and becomes a row and a point of the table."""
@@ -319,6 +320,7 @@ def test_the_equal_flops_configs_are_what_their_budget_record_says():
             assert f"{entry['flops_per_token'] / 1e6:.3f} MFLOP" in head[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["txl", "vanilla", "compressive", "infinity", "infinity_sticky", "lamemo_infinity",
                                   "mgk_lamemo"])
 def test_the_budget_counts_on_the_meta_device_what_a_cpu_step_counts(name):

@@ -28,6 +28,7 @@ the rehearsal's freshness from it (`repro.ops.docs`).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -88,6 +89,12 @@ def _yaml_files(root: Path, rel: str) -> list[str]:
 
 def _named_modules(root: Path, config: str) -> set[str]:
     """The modules of the checkout that a YAML config names by string (`class_path: papers.lamemo.module.LaMemoLM`)."""
+    path = (root / config).resolve()
+    return set(_named_in(root.resolve(), path, path.stat().st_mtime_ns)) if path.is_file() else set()
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_in(root: Path, config: Path, mtime_ns: int) -> frozenset[str]:
     def strings(node):
         if isinstance(node, dict):
             for k, v in node.items():
@@ -100,10 +107,10 @@ def _named_modules(root: Path, config: str) -> set[str]:
             yield node
 
     try:
-        value = yaml_value(root / config)
+        value = yaml_value(config)
     except (OSError, yaml.YAMLError):
-        return set()
-    return {m for s in strings(value) if MODULE_NAME.fullmatch(s) for m in [module_of(root, s)] if m}
+        return frozenset()
+    return frozenset(m for s in strings(value) if MODULE_NAME.fullmatch(s) for m in [module_of(root, s)] if m)
 
 
 def command_inputs(root: Path, cmd: str, deps: tuple[str, ...] = (), outs: tuple[str, ...] = ()) -> set[str]:

@@ -136,7 +136,13 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def digest(path: Path) -> str:
     """The sha256 of what the file does (see the module's docstring); a file that does not parse is hashed byte for
-    byte (its change is then always seen)."""
+    byte (its change is then always seen). Cached while the file's size and modification time stay."""
+    st = path.stat()
+    return _digest(path.resolve(), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8192)
+def _digest(path: Path, mtime_ns: int, size: int) -> str:
     data = path.read_bytes()
     try:
         if path.suffix == ".py":

@@ -267,6 +267,7 @@ def _official_model(experiment: str):
     raise AssertionError(f"{experiment}: no official model named for it in OFFICIAL_MODEL")
 
 
+@pytest.mark.slow
 def test_paper_config_parameter_counts_equal_the_official():
     """Every paper config's parameter count (built on the meta device through `repro.cli.commands.describe_configs`)
     against the official model built at the same settings (`make_infinity_former.py`, `count_parameters`), less
