@@ -14,6 +14,8 @@ higher-is-better; the interval is Welch's two-sided t interval at the file's `co
 | `noninferior` (a matches b: a is worse by at most δ = `margin` × mean(b)) | above −δ | below −δ | not decided |
 
 A claim with fewer than two seeds in either arm has no spread and is "not decided" (its values are still shown).
+A claim one of whose runs did not learn (`repro.tables.did_not_learn`: its loss at the uniform level, or no better
+than its first logged loss) is "not decided: an arm did not train", whatever its other seeds say.
 This follows the usual practice for seed comparisons in deep learning (report mean ± sample standard deviation
 over seeds and a t interval for the difference of means; e.g. Henderson et al., 2018, "Deep RL that matters");
 the t interval's assumptions (roughly normal seed-to-seed noise) are stated, not tested, with three to five seeds.
@@ -74,6 +76,8 @@ class Verdict:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def text(self) -> str:
+        if self.extra.get("did_not_train"):
+            return "not decided: an arm did not train"
         if not self.a and not self.b:
             return "not run"
         n = min(len(self.a), len(self.b))
@@ -168,8 +172,19 @@ def verdicts(results, profile: str, path: str | Path,
     out = []
     for c in claims:
         a, b = (values or (lambda c: values_from_records(results, profile, c)))(c)
+        untrained = did_not_train(results, profile, c)
+        if untrained:  # a run that did not learn decides nothing, whatever the other seeds say
+            out.append(Verdict(c, a, b, reason=f"{', '.join(untrained)} did not learn "
+                                               "(`repro.tables.did_not_learn`)", extra={"did_not_train": untrained}))
+            continue
         out.append(decide(c, a, b, confidence=confidence))
     return out
+
+
+def did_not_train(results, profile: str, claim: Claim) -> list[str]:
+    """The runs of the claim's two arms (`<exp>.seed<N>`, its stage) whose records say they did not learn."""
+    return [f"`{exp}.seed{s}`" for exp in (claim.a, claim.b) for s in claim.seeds
+            if (rec := results.get(profile, f"{exp}.seed{s}", claim.stage)) is not None and rec.get("did_not_learn")]
 
 
 def _mean_sd(x: list[float]) -> str:
@@ -189,7 +204,10 @@ def table(name: str, title: str, results_of: list[Verdict], *, profile: str):
     noted = any(v.claim.note for v in results_of)
     for v in results_of:
         c = v.claim
-        rows.append([c.id, c.source, f"`{c.a}` {_mean_sd(v.a)}", f"`{c.b}` {_mean_sd(v.b)}", c.metric,
+        arms = [f"`{exp}` " + (f"did not learn ({n} of {len(c.seeds)} seeds)" if (n := sum(
+            name.startswith(f"`{exp}.seed") for name in v.extra.get("did_not_train", []))) else _mean_sd(vals))
+            for exp, vals in ((c.a, v.a), (c.b, v.b))]
+        rows.append([c.id, c.source, *arms, c.metric,
                      v.reason or "—", *([c.note or "—"] if noted else []), Cell(v.text(), "ours")])
     notes = [f"Profile `{profile}`; protocol pre-registered in `configs/<paper>/{profile}/claims.yaml`: the commit "
              "that added a claim precedes the runs it registers, except where its note names an arm reused from "

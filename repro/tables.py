@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,57 @@ class Table:
         return buf.getvalue()
 
 
+# A run did not learn when its loss ends within this fraction of the uniform level (ln of the symbols it predicts),
+# or less than this fraction below its first logged loss.
+LEARNED_MARGIN = 0.01
+DID_NOT_LEARN = "did not learn"
+# the record's metrics that say how well it learned: a run that did not learn shows none of them as a number
+QUALITY = ("loss", "ppl", "bpc", "acc", "f1", "rouge", "meteor", "error")
+
+
+def uniform_loss(rec: dict[str, Any]) -> float | None:
+    """ln N, the loss of guessing uniformly among the N symbols a task predicts, where its data say N (the sorting
+    task's "20 symbols, separator 20, pad 21"); None where they do not."""
+    import re
+
+    vocabulary = ((rec.get("provenance") or {}).get("corpus_meta") or {}).get("vocabulary")
+    m = re.match(r"(\d+) symbols", str(vocabulary or ""))
+    return math.log(int(m[1])) if m and int(m[1]) > 1 else None
+
+
+def first_logged_loss(curve: Path) -> float | None:
+    """The first loss of a fit's curve (`--run.curves`: step, split, loss, …), or None."""
+    if not curve.is_file():
+        return None
+    with curve.open() as f:
+        row = next(csv.DictReader(f), None)
+    try:
+        return float(row["loss"]) if row else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def did_not_learn(rec: dict[str, Any], curve: Path | None = None) -> str | None:
+    """Why a run's record shows that it did not learn, or None: its final loss (`test/loss`, else `val/loss`) within
+    `LEARNED_MARGIN` of the uniform level, or not `LEARNED_MARGIN` below the first loss its fit logged. A rehearsal's
+    records (two steps) are never judged."""
+    metrics = rec.get("metrics") or {}
+    loss = metrics.get("test/loss", metrics.get("val/loss"))
+    if loss is None or rec.get("rehearsal"):
+        return None
+    uniform = uniform_loss(rec)
+    if uniform is not None and loss >= uniform * (1 - LEARNED_MARGIN):
+        return f"loss {loss:.4f} at the uniform level ln {round(math.exp(uniform))} = {uniform:.4f}"
+    first = first_logged_loss(curve) if curve is not None else None
+    if first is not None and loss >= first * (1 - LEARNED_MARGIN):
+        return f"loss {loss:.4f}, no better than its first logged loss {first:.4f}"
+    return None
+
+
 class Results:
-    """Run records of one paper: `get(profile, experiment, stage)`."""
+    """Run records of one paper: `get(profile, experiment, stage)`. A record of a run that did not learn
+    (`did_not_learn`) keeps its quality metrics under `unlearned_metrics` and its reason under `did_not_learn`, so
+    that no table shows them as a number and no claim counts them."""
 
     def __init__(self, paper: str, root: Path = RESULTS):
         self.paper, self.root = paper, root
@@ -88,23 +138,40 @@ class Results:
         # runs/<profile>/<record>.json, or runs/<profile>/<group>/<record>.json (`repro runs`)
         for path in sorted([*(root / paper / "runs").glob("*/*.json"), *(root / paper / "runs").glob("*/*/*.json")]):
             rec = json.loads(path.read_text())
-            self.records[(rec.get("profile") or path.parent.name, rec.get("experiment") or path.stem.split(".")[0],
-                          rec.get("stage") or "")] = rec
+            experiment = rec.get("experiment") or path.stem.split(".")[0]
+            curve = root / paper / "curves" / path.parent.relative_to(root / paper / "runs") / f"{experiment}.csv"
+            why = did_not_learn(rec, curve) if isinstance(rec.get("metrics"), dict) else None
+            if why:
+                quality = {k: v for k, v in rec["metrics"].items() if any(q in k for q in QUALITY)}
+                rec = {**rec, "did_not_learn": why, "unlearned_metrics": quality,
+                       "metrics": {k: v for k, v in rec["metrics"].items() if k not in quality}}
+            self.records[(rec.get("profile") or path.parent.name, experiment, rec.get("stage") or "")] = rec
 
     def get(self, profile: str, experiment: str, stage: str) -> dict[str, Any] | None:
         return self.records.get((profile, experiment, stage))
 
     def metric(self, profile: str, experiment: str, stage: str, key: str, *, fmt: str = "{:.2f}") -> Cell:
         rec = self.get(profile, experiment, stage)
+        if rec is not None and rec.get("did_not_learn"):
+            return unlearned_cell([rec])
         if rec is None or key not in rec.get("metrics", {}):
             return Cell("not run", "ours")
         return Cell(rec["metrics"][key], "ours", provenance(rec), fmt)
+
 
     def load_json_lines(self, relpath: str) -> list[dict[str, Any]]:
         path = self.root / self.paper / relpath
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def unlearned_cell(recs: list[dict[str, Any]], of: int | None = None) -> Cell:
+    """The cell of runs that did not learn: "did not learn" (k of n seeds), its footnote each run and why."""
+    bad = [r for r in recs if r.get("did_not_learn")]
+    count = f" ({len(bad)} of {of} seeds)" if of and of > 1 else ""
+    why = "; ".join(f"`{r.get('experiment')}`: {r['did_not_learn']}" for r in bad)
+    return Cell(f"{DID_NOT_LEARN}{count}", "ours", f"{provenance(bad[0])}; did not learn: {why}")
 
 
 def provenance(rec: dict[str, Any]) -> str:

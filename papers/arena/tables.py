@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.tables import REHEARSAL, Cell, Results, Table, provenance
+from repro.tables import REHEARSAL, Cell, Results, Table, provenance, unlearned_cell
 
 NAME = "arena"
 CONFIGS = Path("configs/arena")
@@ -191,6 +191,8 @@ def _seeded(recs: dict[int | None, dict], value, footnote) -> tuple[list[float],
 def seed_cell(recs: dict[int | None, dict], value, footnote, fmt: str, *, seeds: int) -> Cell:
     """One number over seeds: the value of one run, or mean ± sample std, with (n=k) where fewer seeds have it
     than the row."""
+    if any(r.get("did_not_learn") for r in recs.values()):  # a metric of a run that did not learn is never shown
+        return unlearned_cell(list(recs.values()), of=len(recs))
     vals, note = _seeded(recs, value, footnote)
     if not vals:
         return Cell("not run", "ours")

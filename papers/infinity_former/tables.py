@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from repro import claims
-from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
+from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance, unlearned_cell
 
 PAPER = "infinity_former"
 PROFILES = ("tiny", "small", "paper")
@@ -63,6 +63,11 @@ def seed_values(results: Results, profile: str, exp: str, key: str, stage: str =
 def seeds_cell(results: Results, profile: str, exp: str, key: str, *, fmt: str = "{:.3f}",
                stage: str = "test") -> Cell:
     """The mean over the seeds run (value, for verdict lines and plots) shown as mean ± sd (n); 'not run'."""
+    unlearned = [r for s in SEEDS if (r := results.get(profile, f"{exp}.seed{s}", stage)) is not None
+                 and r.get("did_not_learn")]
+    if unlearned:  # a metric of a run that did not learn is never shown
+        ran = [s for s in SEEDS if results.get(profile, f"{exp}.seed{s}", stage) is not None]
+        return unlearned_cell(unlearned, of=len(ran))
     values = seed_values(results, profile, exp, key, stage)
     if not values:
         return Cell("not run", "ours")
