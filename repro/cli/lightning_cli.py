@@ -15,6 +15,7 @@ ending are `repro.cli.checkpoints`'; the record and summary line `repro.cli.reco
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -45,6 +46,7 @@ from repro.cli.checkpoints import (
     finish_selection,
     shown_path,
 )
+from repro.cli.collisions import CheckpointLock, check_resume
 from repro.cli.records import peak_rss_ranks, plot_curves, run_record, summary_line
 from repro.tracking import hardware, tracking_uri
 
@@ -98,6 +100,7 @@ class ReproCLI(LightningCLI):
         self._ckpt_info: dict[str, Any] | None = None
         self._select: BestCheckpoint | None = None
         self._default_ckpt: tuple[str, Path] | None = None  # (the flag that asked for it, the path)
+        self._lock: CheckpointLock | None = None  # held while a fit writes its checkpoint (`repro.cli.collisions`)
         super().__init__(
             LightningModule,
             LightningDataModule,
@@ -155,6 +158,9 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.resume", type=bool, default=False,
                             help="fit: continue from A.last.ckpt when it exists (the command of an interrupted fit, "
                                  "plus this flag)")
+        parser.add_argument("--run.resume_changed", type=bool, default=False,
+                            help="fit with --run.resume: continue even where the model, data, seed, optimiser or "
+                                 "trainer settings differ from the checkpoint's (refused otherwise, naming them)")
         parser.add_argument("--run.dry_run", type=bool, default=False,
                             help="check this command line without running it: parse it, build the model (on the meta "
                                  "device: no memory, no initialisation), the data module and the Trainer, print one "
@@ -388,6 +394,16 @@ class ReproCLI(LightningCLI):
         if run.get("compile"):
             self.model.compile_model(mode="reduce-overhead" if run["compile"] == "cudagraphs" else None)
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
+        if sub == "fit" and run.get("resume") and self._ckpt_info:
+            check_resume(ckpt, self._ckpt_info.get("config"), self._dump(self.config.get(sub, self.config)),
+                         allow=bool(run.get("resume_changed")))
+        if sub == "fit" and run.get("checkpoint") and self.trainer.global_rank == 0:
+            # one fit per checkpoint path: released when the fit ends (`after_fit`) or the process does
+            self._lock = CheckpointLock(run["checkpoint"], command=" ".join(["repro", *sys.argv[1:]])[:300])
+            note = self._lock.acquire()
+            atexit.register(self._lock.release)
+            if note:
+                print(note, flush=True)
         if self.trainer.local_rank == 0:
             # data, downloads and tokenizers now, so that a missing one stops the command before its MLflow run
             # exists (Lightning calls it again: a cache hit)
@@ -410,6 +426,13 @@ class ReproCLI(LightningCLI):
         self._before()
 
     def after_fit(self):
+        try:
+            self._after_fit()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _after_fit(self):
         run = self._run_cfg()
         if run.get("checkpoint"):
             last = last_path(run["checkpoint"])
