@@ -209,13 +209,14 @@ def write(paper: str, tables: list[Table], root: Path = RESULTS) -> list[Path]:
     return out
 
 
-def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: Results) -> None:
+def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: Results) -> int:
     """One MLflow run `tables:<paper>` in the paper's experiment holds the tables and plots as artifacts; every run
-    the tables cite gets the tag `tables_run` pointing to it (find it in the UI by that id)."""
+    the tables cite gets the tag `tables_run` pointing to it (find it in the UI by that id). Returns how many cited
+    runs were recorded in another database (another machine, the rehearsal's copy) and so not tagged."""
     runs = {rec["provenance"]["mlflow_run"] for rec in results.records.values()
             if rec.get("provenance", {}).get("mlflow_run")}
     if not runs:
-        return
+        return 0
     from mlflow.tracking import MlflowClient
 
     from repro.tracking import experiment_id, tracking_uri
@@ -232,7 +233,5 @@ def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: R
             client.set_tag(cited, "tables_run", rid)
         except Exception:  # a run recorded in another database (another machine, the rehearsal's copy): not fatal
             elsewhere += 1
-    if elsewhere:
-        print(f"note: {elsewhere} of the {len(runs)} cited MLflow runs are not in {tracking_uri()} (recorded "
-              "elsewhere); they were not tagged", flush=True)
     client.set_terminated(rid)
+    return elsewhere

@@ -111,7 +111,7 @@ def _prepare(args) -> None:
             # what was built, not how long it took: the manifest is a dependency of every run stage, and a rebuilt
             # cache with the same contents must not make DVC retrain them
             built[name] = {k: v for k, v in meta.items() if k != "build_seconds"}
-            print(f"{name}: ready", flush=True)
+    print(f"repro prepare: {len(built)} corpora ready ({', '.join(built)})", flush=True)
     if args.manifest:
         from repro.io import atomic_write_json
 
@@ -149,10 +149,11 @@ def _tables(args) -> None:
     # the READMEs' blocks made from these tables and records, rewritten with them: a stage that reruns leaves no
     # README behind its records
     changed = docs.write(blocks=readme_blocks())
+    elsewhere = T.log_to_mlflow(args.paper, tables, paths, results) if not args.no_mlflow else 0
     print(f"repro tables {args.paper}: {len(paths)} files in {', '.join(folders)}"
-          f"{f'; {len(changed)} README blocks rewritten' if changed else ''}", flush=True)
-    if not args.no_mlflow:
-        T.log_to_mlflow(args.paper, tables, paths, results)
+          f"{f'; {len(changed)} README blocks rewritten' if changed else ''}"
+          f"{f'; {elsewhere} cited MLflow runs were recorded in another database, not tagged' if elsewhere else ''}",
+          flush=True)
 
 
 

@@ -259,8 +259,9 @@ class ReproCLI(LightningCLI):
             kwargs["enable_progress_bar"] = bar = False
         if self.subcommand == "fit":
             if bar is False:
+                # under `repro runs` (a pipeline's log): a line every 5 minutes of a long fit, none for a short one
                 ours.append(ProgressLine(f"fit {self._name()}",
-                                         min_seconds=120.0 if self.summaries is not None else 0.0))
+                                         min_seconds=300.0 if self.summaries is not None else 0.0))
             else:
                 ours.append(step_progress_bar(self._name()))
             if run.get("curves"):
