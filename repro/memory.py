@@ -24,11 +24,7 @@ def update_memory(old: list[torch.Tensor], new: list[torch.Tensor], *, mem_len: 
         raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
     if len(old) != len(new):
         raise ValueError(f"memory has {len(old)} layers, the new states {len(new)}")
-    out = []
-    for m, h in zip(old, new):
-        cat = torch.cat([m.to(h.dtype), h], dim=1) if m.shape[1] else h
-        out.append(cat[:, max(0, cat.shape[1] - mem_len):].detach())
-    return out
+    return [evict_oldest(m, h, mem_len)[0] for m, h in zip(old, new)]
 
 
 def memory_length(mems: list[torch.Tensor] | None) -> int:
@@ -114,7 +110,9 @@ def register(name: str):
 
 
 def evict_oldest(short_BMD: torch.Tensor, new_BTD: torch.Tensor, mem_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Transformer-XL's rule: (the last `mem_len` rows of [short; new], the rows before them), detached."""
+    """Transformer-XL's rule: (the last `mem_len` rows of [short; new], the rows before them), detached. The one
+    eviction rule of every model: `update_memory` per layer, the ∞-former's short memory and what leaves it, LaMemo's
+    embedding memory and its evicted rows, the arena's default."""
     with torch.no_grad():
         cat = torch.cat([short_BMD.to(new_BTD.dtype), new_BTD], dim=1) if short_BMD.shape[1] else new_BTD
         cut = max(0, cat.shape[1] - mem_len)

@@ -13,7 +13,8 @@ from papers.infinity_former.ltm import LTMConfig
 from papers.infinity_former.model import InfinityFormer
 from papers.lamemo.model import LaMemo, LaMemoConfig
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from tests.test_arena import SMALL, _copy, _run, _tokens
+
+from arena_models import SMALL, _copy, _run, _tokens
 
 
 def _ltm_rename(k: str) -> str:

@@ -39,6 +39,7 @@ from torch import nn
 
 from papers.infinity_former.ltm import ContinuousLTM, LTMConfig, LTMStep
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.memory import evict_oldest
 from repro.nn.attention import RelPartialLearnableAttention, causal_mask, relative_distances, sinusoid_table
 
 
@@ -166,12 +167,8 @@ class InfinityFormer(TransformerXL):
     def _update(self, stm, inputs, ctxs, coef, hist, *, mem_len: int) -> list[torch.Tensor]:
         """STM: the last mem_len layer inputs of [STM; segment] (Transformer-XL); with the LTM, the rest is the
         block evicted from the STM, which the next segment appends to the LTM (§3.2)."""
-        new_stm, evicted = [], []
-        for s, x in zip(stm, inputs):
-            cat = torch.cat([s.to(x.dtype), x], dim=1) if s.shape[1] else x
-            cut = max(0, cat.shape[1] - mem_len)
-            new_stm.append(cat[:, cut:].detach())
-            evicted.append(cat[:, :cut].detach())
+        kept = [evict_oldest(s, x, mem_len) for s, x in zip(stm, inputs)]
+        new_stm, evicted = [k for k, _ in kept], [e for _, e in kept]
         if self.ltm_cfg is None:
             return new_stm
         new_coef, new_hist = [], []

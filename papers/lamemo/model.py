@@ -59,6 +59,7 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
+from repro.memory import evict_oldest
 from repro.nn.attention import (
     RelPartialLearnableAttention,
     causal_mask,
@@ -344,15 +345,15 @@ def look_ahead_layers(layers, h_BTD, emb_mem_BMD, recur, *, pos, bias_TK, mem_le
     b, t, _ = h_BTD.shape
     m = emb_mem_BMD.shape[1]
     k = m + t
-    keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment]
+    keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment] (`evict_oldest`'s cut)
     h, mem = h_BTD, emb_mem_BMD
-    emb_next = torch.cat([mem.to(h.dtype), h], dim=1)[:, keep:].detach()
+    emb_next = evict_oldest(mem, h, mem_len)[0]
     states = []
     for i, layer in enumerate(layers):
         last = i == len(layers) - 1
         first = min(keep, m) if last else 0
         if evicted is not None:
-            evicted.append(torch.cat([mem.to(h.dtype), h], dim=1)[:, :keep].detach())
+            evicted.append(evict_oldest(mem, h, mem_len)[1])
         if inputs is not None:
             inputs.append(h)
         h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
