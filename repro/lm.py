@@ -147,6 +147,9 @@ class SegmentLM(L.LightningModule):
         if self.eval_protocol.kind == "sliding" and self.eval_memory.mem_len > 0:
             raise ValueError("the sliding-window protocol evaluates without memory: set eval_memory.mem_len to 0")
         self._mems: dict[str, list[torch.Tensor] | None] = {"train": None, "valid": None, "test": None}
+        # `repro fit --run.batch_chunk N`: each training batch in N chunks of streams, gradients accumulated within
+        # the step (`_chunked_training_step`)
+        self.batch_chunk = 1
         self._history: dict[str, torch.Tensor | None] = {"valid": None, "test": None}  # sliding protocol
         self.nll_metrics = torch.nn.ModuleDict({s: TokenNLL() for s in ("valid", "test")})
         # training progress travels with the weights, so that a test run can cite what it evaluates
@@ -191,9 +194,18 @@ class SegmentLM(L.LightningModule):
         return self.model(tokens_BT, mems, mem_len=lengths.mem_len, clamp_len=lengths.clamp_len,
                           same_length=lengths.same_length, **extra)
 
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        """Lightning's zero_grad runs between the training step and its backward; `on_train_batch_start` has
+        already freed the gradients on the same batches. With `batch_chunk` it must not run: the step's first chunks
+        have put their gradients there."""
+        if self.batch_chunk <= 1:
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
     def training_step(self, batch, batch_idx):
         if self._graphs:
             torch.compiler.cudagraph_mark_step_begin()
+        if self.batch_chunk > 1:
+            return self._chunked_training_step(batch)
         hidden, mems = self(batch.input, self._mems["train"], self.memory)
         self._mems["train"] = self._persist(mems)
         nll = self.model.nll(hidden, batch.target)
@@ -209,6 +221,42 @@ class SegmentLM(L.LightningModule):
         for name, value in aux.items():
             self.log(f"train/{name}", value)
         return total
+
+    def _chunked_training_step(self, batch):
+        """The authors' `--batch_chunk`: the batch's streams in `batch_chunk` equal chunks, each with its own slice of
+        the memory, its forward and its backward one after the other (one chunk's activations alive at a time), the
+        loss of each divided by the number of chunks: the same loss and gradients as the whole batch. The last chunk's
+        loss goes back to Lightning, whose backward then adds its gradients (and, under DDP, reduces the sum: the
+        earlier chunks' backwards run inside the step, before DDP expects its hooks, as under `no_sync`)."""
+        n, b = self.batch_chunk, batch.input.shape[0]
+        if b % n:
+            raise ValueError(f"--run.batch_chunk {n} does not divide the batch of {b} streams: give a divisor of {b}")
+        size, mems = b // n, self._mems["train"]
+        new, losses, auxes, last = [], [], [], None
+        for c in range(n):
+            rows = slice(c * size, (c + 1) * size)
+            hidden, chunk_mems = self(batch.input[rows], [m[rows] for m in mems] if mems else mems, self.memory)
+            new.append(chunk_mems)
+            loss = self.model.nll(hidden, batch.target[rows]).mean()
+            aux = self.extra_loss()
+            part = (loss + sum(aux.values()) if aux else loss) / n
+            losses.append(loss.detach())
+            auxes.append({k: v.detach() for k, v in aux.items()})
+            if c < n - 1:
+                self.trainer.strategy.backward(part, None)
+            else:
+                last = part
+        self._mems["train"] = self._persist([torch.cat(parts, dim=0) for parts in zip(*new)])
+        loss = torch.stack(losses).mean()
+        self.tokens_seen += batch.target.numel() * self.trainer.world_size
+        self.train_batches += 1
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss))
+        self.log("train/bpc", loss / math.log(2))
+        self.log("train/tokens_seen", self.tokens_seen.float())
+        for name in auxes[0]:
+            self.log(f"train/{name}", torch.stack([a[name] for a in auxes]).mean())
+        return last
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         """The reference's Adam. On a CPU `foreach`: one multi-tensor kernel per update term instead of a loop over

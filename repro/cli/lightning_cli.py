@@ -158,6 +158,10 @@ class ReproCLI(LightningCLI):
         parser.add_argument("--run.resume", type=bool, default=False,
                             help="fit: continue from A.last.ckpt when it exists (the command of an interrupted fit, "
                                  "plus this flag)")
+        parser.add_argument("--run.batch_chunk", type=int, default=1,
+                            help="fit: split each training batch into N chunks of streams, each with its own memory, "
+                                 "gradients accumulated within the step (the authors' --batch_chunk: the same loss "
+                                 "and gradients, one chunk's activations in memory at a time)")
         parser.add_argument("--run.resume_changed", type=bool, default=False,
                             help="fit with --run.resume: continue even where the model, data, seed, optimiser or "
                                  "trainer settings differ from the checkpoint's (refused otherwise, naming them)")
@@ -398,6 +402,8 @@ class ReproCLI(LightningCLI):
         if sub == "fit" and run.get("resume") and self._ckpt_info:
             check_resume(ckpt, self._ckpt_info.get("config"), self._dump(self.config.get(sub, self.config)),
                          allow=bool(run.get("resume_changed")))
+        if sub == "fit" and int(run.get("batch_chunk") or 1) != 1:
+            self._set_batch_chunk(int(run["batch_chunk"]))
         if sub == "fit" and run.get("checkpoint") and self.trainer.global_rank == 0:
             # one fit per checkpoint path: released when the fit ends (`after_fit`) or the process does
             self._lock = CheckpointLock(run["checkpoint"], command=" ".join(["repro", *sys.argv[1:]])[:300])
@@ -410,6 +416,21 @@ class ReproCLI(LightningCLI):
             # exists (Lightning calls it again: a cache hit)
             self.datamodule.prepare_data()
         self._start_tracking()
+
+    def _set_batch_chunk(self, n: int) -> None:
+        from repro.lm import SegmentLM
+
+        module = self.model
+        if n < 1:
+            raise ValueError(f"--run.batch_chunk {n}: give a number of chunks ≥ 1")
+        if not isinstance(module, SegmentLM) or type(module).training_step is not SegmentLM.training_step:
+            raise ValueError(f"--run.batch_chunk: {type(module).__name__} runs a training step of its own, which "
+                             "does not split its batch: leave --run.batch_chunk at 1")
+        batch = getattr(self.datamodule, "batch_size", None)
+        if isinstance(batch, int) and batch % n:
+            raise ValueError(f"--run.batch_chunk {n} does not divide the batch of {batch} streams: give a divisor "
+                             f"of {batch}")
+        module.batch_chunk = n
 
     def _check_untrained(self, sub: str) -> None:
         if sub in ("validate", "test") and not self.config_init[sub].get("ckpt_path") \

@@ -92,6 +92,8 @@ def run_record(*, stage: str, run: dict[str, Any], trainer, model, datamodule, l
             "torch": torch.__version__,
         },
     }
+    if stage == "fit" and getattr(model, "batch_chunk", 1) > 1:  # how the step was split (the same numbers)
+        record["provenance"]["batch_chunk"] = model.batch_chunk
     if stage == "fit" and select is not None:
         record["provenance"]["selected"] = {"metric": select.metric, "mode": select.mode, "value": select.best,
                                             "step": select.step}
