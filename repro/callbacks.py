@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,7 +128,13 @@ class CurveRecorder(Callback):
 
 class LastCheckpoint(Callback):
     """Writes `path` every `every_steps` optimiser steps or `every_minutes` minutes (0 turns either off), and on
-    SIGINT/SIGTERM at the end of the current step, then stops the run (a second Ctrl-C stops at once)."""
+    SIGINT/SIGTERM at the end of the current step, then stops the run (a second Ctrl-C stops at once).
+
+    Under SLURM (`SLURM_JOB_ID` set) it also takes SLURM's warning signal, SIGUSR1 (`#SBATCH --signal=SIGUSR1@90`):
+    at the end of the step it saves `path` with the memory and random state, global rank 0 requeues the job
+    (`scontrol requeue $SLURM_JOB_ID`, as Lightning's SLURM environment does) and the run stops; the requeued job's
+    `--run.resume true` continues from `path`. Lightning's own handler writes a checkpoint of its own elsewhere
+    (`hpc_ckpt_N.ckpt`) that our resume would not read; this one replaces it for the run."""
 
     def __init__(self, path: str | os.PathLike, *, every_steps: int, every_minutes: float, resume_hint: str = ""):
         self.path = Path(path)
@@ -157,7 +164,7 @@ class LastCheckpoint(Callback):
         import threading
 
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGUSR1,) if os.environ.get("SLURM_JOB_ID") else ())):
                 self._previous[sig] = signal.getsignal(sig)
                 signal.signal(sig, self._handler)
 
@@ -178,6 +185,8 @@ class LastCheckpoint(Callback):
             if trainer.global_rank == 0:
                 print(f"repro: saved {self.path} at step {step}; resume with: {self.resume_hint}",
                       file=sys.stderr, flush=True)
+                if self._signal == signal.SIGUSR1 and os.environ.get("SLURM_JOB_ID"):
+                    requeue_slurm_job(os.environ["SLURM_JOB_ID"])
             self._restore()
             raise KeyboardInterrupt  # Lightning's graceful shutdown: the MLflow run ends as failed
         due_steps = self.every_steps > 0 and step % self.every_steps == 0
@@ -192,6 +201,16 @@ class LastCheckpoint(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         self._restore()
+
+
+def requeue_slurm_job(job: str) -> None:
+    """`scontrol requeue JOB`: the job goes back to the queue and, when it starts again, runs its script anew."""
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if done.returncode:
+        print(f"repro: scontrol requeue {job} failed ({done.stderr.strip() or f'exit {done.returncode}'}): "
+              f"resubmit the job to continue from the saved checkpoint", file=sys.stderr, flush=True)
+    else:
+        print(f"repro: requeued SLURM job {job}", file=sys.stderr, flush=True)
 
 
 class BestCheckpoint(Callback):

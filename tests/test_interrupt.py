@@ -129,3 +129,23 @@ def test_sigkill_resumes_from_the_periodic_checkpoint_and_marks_the_run_killed(r
     assert resumed.data.tags["resumed_from_run"] == killed.info.run_id
     assert resumed.data.tags["experiment"] == "enwik8_12l" and resumed.data.tags["seed"] == "1111"
     assert resumed.data.tags["git_commit"] and resumed.data.tags["checkpoint"].endswith("a.ckpt")
+
+
+def test_slurms_warning_signal_saves_requeues_and_the_requeued_job_resumes(root, tmp_path, straight):
+    """Under SLURM (its job id in the environment, a stand-in `scontrol` on the path), SIGUSR1 (`--signal=
+    SIGUSR1@90`) saves the last checkpoint at the end of the step and requeues the job; the requeued job's
+    command (with `--run.resume true`) continues with the losses of an uninterrupted run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    env = {**_env(tmp_path), "SLURM_JOB_ID": "4242", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    last = tmp_path / "a.last.ckpt"
+    code, _, err = _interrupted(_fit_args(tmp_path), root=root, env=env, sig=signal.SIGUSR1, last=last)
+    assert code != 0 and "repro: requeued SLURM job 4242" in err, err[-2000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    import torch
+
+    assert 3 < torch.load(last, weights_only=True)["global_step"] < STEPS
+    _resume_and_compare(root, tmp_path, env, straight)
