@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from repro.memory import update_memory
 from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
@@ -130,6 +131,13 @@ class TransformerXL(nn.Module):
         return self.cfg.attention == "relative"
 
     @property
+    def supports_checkpoint_layers(self) -> bool:
+        """Whether training runs this class's layer loop, which checkpoints its layers (`checkpoint_layers`); the
+        models with a loop of their own (LaMemo's look-ahead, the ∞-former, the compressive memory, the arena) do
+        not."""
+        return type(self).forward is TransformerXL.forward
+
+    @property
     def prefix_invariant(self) -> bool:
         """Without memory, a position's output depends on its prefix only, not on how many tokens the forward holds:
         relative positions are distances; absolute ones count from the segment's end (`SegmentLM._sliding_nll`)."""
@@ -140,6 +148,8 @@ class TransformerXL(nn.Module):
         if cfg.n_token <= 0:
             raise ValueError("model.n_token (the vocabulary size) must be set, normally from the data module")
         self.cfg = cfg
+        # `repro fit --run.checkpoint_layers true`: each layer's activations recomputed in the backward pass
+        self.checkpoint_layers = False
         d_embed = cfg.embed_dim
         self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
                                           cutoffs=cfg.cutoffs, div_val=cfg.div_val)
@@ -246,7 +256,12 @@ class TransformerXL(nn.Module):
                 new.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
             else:
                 new.append(h)
-                h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
+                if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+                    # activation checkpointing: the layer's activations are recomputed in the backward pass (the
+                    # random state too, so dropout draws the same masks) instead of kept
+                    h, _ = checkpoint(layer, h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, use_reentrant=False)
+                else:
+                    h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
         new_mems = new if kv_memory else update_memory(mems, new, mem_len=mem_len)
         return self.drop(h), new_mems
 

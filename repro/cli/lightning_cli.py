@@ -162,6 +162,10 @@ class ReproCLI(LightningCLI):
                             help="fit: split each training batch into N chunks of streams, each with its own memory, "
                                  "gradients accumulated within the step (the authors' --batch_chunk: the same loss "
                                  "and gradients, one chunk's activations in memory at a time)")
+        parser.add_argument("--run.checkpoint_layers", type=bool, default=False,
+                            help="fit: activation checkpointing per layer (each layer's activations recomputed in the "
+                                 "backward pass instead of kept: the same losses and gradients, less memory, about a "
+                                 "third more compute); Transformer-XL's layer loop and the models built on it")
         parser.add_argument("--run.resume_changed", type=bool, default=False,
                             help="fit with --run.resume: continue even where the model, data, seed, optimiser or "
                                  "trainer settings differ from the checkpoint's (refused otherwise, naming them)")
@@ -404,6 +408,8 @@ class ReproCLI(LightningCLI):
                          allow=bool(run.get("resume_changed")))
         if sub == "fit" and int(run.get("batch_chunk") or 1) != 1:
             self._set_batch_chunk(int(run["batch_chunk"]))
+        if sub == "fit" and run.get("checkpoint_layers"):
+            self._set_checkpoint_layers()
         if sub == "fit" and run.get("checkpoint") and self.trainer.global_rank == 0:
             # one fit per checkpoint path: released when the fit ends (`after_fit`) or the process does
             self._lock = CheckpointLock(run["checkpoint"], command=" ".join(["repro", *sys.argv[1:]])[:300])
@@ -431,6 +437,13 @@ class ReproCLI(LightningCLI):
             raise ValueError(f"--run.batch_chunk {n} does not divide the batch of {batch} streams: give a divisor "
                              f"of {batch}")
         module.batch_chunk = n
+
+    def _set_checkpoint_layers(self) -> None:
+        model = getattr(self.model, "model", None)
+        if not getattr(model, "supports_checkpoint_layers", False):
+            raise ValueError(f"--run.checkpoint_layers: {type(model).__name__} runs a layer loop of its own, which "
+                             "does not checkpoint its layers: leave --run.checkpoint_layers false")
+        model.checkpoint_layers = True
 
     def _check_untrained(self, sub: str) -> None:
         if sub in ("validate", "test") and not self.config_init[sub].get("ckpt_path") \
