@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli import rehearsal_record
-from repro.cli.rehearsal_plan import DDP_RUNS, merged_params, read_pipeline
+from repro.cli.rehearsal_plan import DDP_RUNS, merged_params, read_pipeline, with_upstream
 from repro.cli.rehearsal_record import merge, stale_steps, stamp, step_inputs, step_names
 from repro.ops import imports
 
@@ -69,6 +69,10 @@ def test_a_change_to_one_paper_stales_its_steps_and_the_arenas_that_import_it(ch
                 if s.startswith(("lamemo_", "ddp:lamemo/", "ddp:arena/"))
                 or (s.startswith("arena_") and s != "arena_tables")}
     assert stale == expected
+    # what `repro rehearse --stale` runs: those stages with their upstream ones, no other paper's
+    plan = with_upstream(pipeline, [n for n in pipeline.order if n in stale])
+    assert set(plan) >= {n for n in stale if not n.startswith("ddp:")}
+    assert all(n.startswith(("lamemo_", "arena_")) for n in plan), plan
 
 
 def test_a_change_to_the_shared_layer_stales_every_step_that_imports_it(checkout):
