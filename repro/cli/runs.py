@@ -221,8 +221,9 @@ def _run_workers(args, jobs: int) -> None:
     tmp = tempfile.TemporaryDirectory(prefix="repro-runs-")
     queue = Path(tmp.name) / "queue"
     queue.write_text("".join(spec + "\n" for spec in args.specs))
-    print(f"repro runs: {len(args.specs)} experiments, {jobs} workers of {threads} thread{'s' * (threads > 1)}",
-          flush=True)
+    if sys.stdout.isatty():  # a person waiting for the first line; a log (`dvc repro`) shows the command above
+        print(f"repro runs: {len(args.specs)} experiments, {jobs} workers of {threads} thread"
+              f"{'s' * (threads > 1)}", flush=True)
     procs = []
     for _ in range(jobs):
         cmd = [sys.executable, "-m", "repro", "runs", *fixed, "--jobs", "1", "--threads", str(threads),
