@@ -45,6 +45,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,config", [("txl", TXL), ("compressive", COMPRESSIVE)])
 def test_chunks_give_the_losses_and_weights_of_the_whole_batch(tmp_path, name, config):
     whole = _fit(tmp_path, f"{name}1", config)

@@ -32,6 +32,7 @@ def _fit(tmp_path, name, *extra, config=TINY, small=SMALL):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_checkpointed_layers_give_the_same_losses_and_weights(tmp_path):
     plain, ckpt = _fit(tmp_path, "plain"), _fit(tmp_path, "ckpt", "--run.checkpoint_layers", "true")
     assert plain.returncode == 0 and ckpt.returncode == 0, (plain.stderr + ckpt.stderr)[-3000:]
