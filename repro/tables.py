@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,6 @@ QUALITY = ("loss", "ppl", "bpc", "acc", "f1", "rouge", "meteor", "error")
 def uniform_loss(rec: dict[str, Any]) -> float | None:
     """ln N, the loss of guessing uniformly among the N symbols a task predicts, where its data say N (the sorting
     task's "20 symbols, separator 20, pad 21"); None where they do not."""
-    import re
-
     vocabulary = ((rec.get("provenance") or {}).get("corpus_meta") or {}).get("vocabulary")
     m = re.match(r"(\d+) symbols", str(vocabulary or ""))
     return math.log(int(m[1])) if m and int(m[1]) > 1 else None

@@ -128,7 +128,8 @@ def run_tags(*, subcommand: str, run: dict[str, Any], seed: Any, ckpt_path: str 
     return tags
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (signal 0; another user's process counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -150,7 +151,7 @@ def mark_dead_runs(client) -> list[str]:
     for r in client.search_runs(ids, "attributes.status = 'RUNNING'", max_results=1000):
         tags = r.data.tags
         if tags.get("host") == host and tags.get("pid", "").isdigit() and int(tags["pid"]) != os.getpid() \
-                and not _alive(int(tags["pid"])):
+                and not process_alive(int(tags["pid"])):
             client.set_terminated(r.info.run_id, "KILLED")
             dead.append(r.info.run_id)
     return dead

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from repro.tracking import process_alive
+
 # dotted prefixes of the settings a resumed fit must share with its checkpoint
 # (not the trainer's step count: a resume that trains further continues the same trajectory; a schedule's own
 # horizon is a model setting)
@@ -34,16 +36,6 @@ RUN_SETTINGS = ("model", "data", "seed_everything", "optimizer", "lr_scheduler",
 
 def lock_path(checkpoint: str | os.PathLike) -> Path:
     return Path(f"{checkpoint}.lock")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class CheckpointLock:
@@ -72,7 +64,7 @@ class CheckpointLock:
             except FileExistsError:
                 other = self._holder()
                 pid, host = other.get("pid"), other.get("host")
-                if host == me["host"] and isinstance(pid, int) and (pid == me["pid"] or not _alive(pid)):
+                if host == me["host"] and isinstance(pid, int) and (pid == me["pid"] or not process_alive(pid)):
                     self.path.unlink(missing_ok=True)  # its process is gone: an interrupted fit's leftover
                     note = f"note: took over {self.path} from process {pid}, which no longer runs"
                     continue

@@ -12,6 +12,7 @@ import importlib
 import json
 import sys
 
+from repro.cli import rehearsal_record
 from repro.cli.registry import paper_tables, table_papers
 from repro.ops import docs
 
@@ -121,8 +122,6 @@ def _prepare(args) -> None:
 def readme_blocks() -> dict:
     """Every generated block of the READMEs: the library's (`repro.ops.docs.BLOCKS`) and the rehearsal's, which
     reads the pipeline (`repro.cli.rehearsal_record.BLOCKS`)."""
-    from repro.cli import rehearsal_record
-
     return {**docs.BLOCKS, **rehearsal_record.BLOCKS}
 
 

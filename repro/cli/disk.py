@@ -140,12 +140,18 @@ def fits_in_child(groups: list[list[list[str]]], *, cwd: str | os.PathLike | Non
     if any, as a ValueError."""
     code = ("import json, sys\nfrom dataclasses import asdict\nfrom repro.cli.disk import fits_of\n"
             "print(json.dumps([[asdict(f) for f in fits_of(g)] for g in json.load(sys.stdin)]))")
-    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(groups), capture_output=True, text=True,
+    return [[Fit(**f) for f in group] for group in in_child(code, groups, what="sizing the checkpoints", cwd=cwd)]
+
+
+def in_child(code: str, payload, *, what: str, cwd: str | os.PathLike | None = None):
+    """Run `code` in a fresh interpreter with `payload` as JSON on its standard input; the JSON of its last line of
+    output, or its last error line as a ValueError that starts with `what`."""
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), capture_output=True, text=True,
                           cwd=cwd)
     if done.returncode:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise ValueError(f"sizing the checkpoints failed: {lines[-1] if lines else f'exit {done.returncode}'}")
-    return [[Fit(**f) for f in group] for group in json.loads(done.stdout.strip().splitlines()[-1])]
+        raise ValueError(f"{what} failed: {lines[-1] if lines else f'exit {done.returncode}'}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def need(fits: list[Fit] | list[list[Fit]], *, jobs: int = 1, replacing: bool = True,

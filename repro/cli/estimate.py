@@ -15,12 +15,9 @@ then (`predicted_peak`).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from repro.cli.disk import _split, checkpoint_bytes, memory_bytes
+from repro.cli.disk import _split, checkpoint_bytes, in_child, memory_bytes
 
 # bytes of one float32 trained parameter during a step: the weight, its gradient, Adam's exp_avg and exp_avg_sq
 STATE_BYTES_PER_PARAMETER = 16
@@ -57,7 +54,7 @@ def estimate(module, datamodule) -> dict:
 def estimates_of(steps: list[list[str]]) -> dict[str, dict]:
     """{config: estimate} of the fits among command lines (`fit -c A.yaml …`, as `repro runs` builds them), keyed by
     the first config file; a config fitted twice (seeds) keeps the larger figures."""
-    from repro.cli.cli import build
+    from repro.cli.cli import build  # torch and Lightning: the rehearsal's parent imports this module without them
 
     out: dict[str, dict] = {}
     for args in steps:
@@ -76,12 +73,7 @@ def estimates_in_child(groups: dict[str, list[list[str]]], *, cwd: str | Path | 
     without torch); its error as a ValueError."""
     code = ("import json, sys\nfrom repro.cli.estimate import estimates_of\n"
             "print(json.dumps({k: estimates_of(v) for k, v in json.load(sys.stdin).items()}))")
-    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(groups), capture_output=True, text=True,
-                          cwd=cwd)
-    if done.returncode:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise ValueError(f"estimating the configs failed: {lines[-1] if lines else f'exit {done.returncode}'}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return in_child(code, groups, what="estimating the configs", cwd=cwd)
 
 
 def predicted_peak(measured_mb: float, recorded: dict, now: dict) -> float:

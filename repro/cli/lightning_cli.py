@@ -48,6 +48,7 @@ from repro.cli.checkpoints import (
 )
 from repro.cli.collisions import CheckpointLock, check_resume
 from repro.cli.records import peak_rss_ranks, plot_curves, run_record, summary_line
+from repro.lm import SegmentLM
 from repro.tracking import hardware, tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -424,8 +425,6 @@ class ReproCLI(LightningCLI):
         self._start_tracking()
 
     def _set_batch_chunk(self, n: int) -> None:
-        from repro.lm import SegmentLM
-
         module = self.model
         if n < 1:
             raise ValueError(f"--run.batch_chunk {n}: give a number of chunks ≥ 1")

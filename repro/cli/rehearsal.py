@@ -46,6 +46,7 @@ from repro.cli.estimate import estimates_in_child
 # they live below both commands (`repro.cli.runs` imports them, and this module imports `repro.cli.runs`)
 from repro.cli.rehearsal_configs import config_overrides
 from repro.cli.rehearsal_plan import DDP_RUNS, merged_params
+from repro.cli.runs import runs_parser, runs_steps
 from repro.io import atomic_write_json
 from repro.ops import mirror
 
@@ -228,8 +229,6 @@ def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]
 def fit_steps(root: Path, params: dict, names: list[str], ddp_runs: list[tuple[str, str]]) -> dict[str, list]:
     """{step: its fit command lines} for the `repro runs` stages among `names` (with the rehearsal's caps) and the DDP
     fits: what `repro.cli.estimate` sizes for the record."""
-    from repro.cli.runs import runs_parser, runs_steps
-
     commands = runs_stages(root, params)
     out = {}
     for name in names:

@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import subprocess
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -59,6 +60,8 @@ DISPATCHER = "repro.cli.entry"
 # every stage at most this much resident memory (two thirds of the 24 GiB machine it ran on)
 STAGE_PEAK_LIMIT_MB = 16 * 1024
 CONFIG_PATH = r"configs/[\w./-]+\.yaml"
+# the README's rehearsal block names the stale steps up to this many, else counts them by paper
+NAMED_STALE = 12
 
 
 def _papers(root: Path) -> list[str]:
@@ -305,8 +308,6 @@ def readme_block(root: Path = Path()) -> str:
     """The README's `rehearsal` block: the last full rehearsal (its commit, machine, steps, minutes, largest process),
     the reruns merged since, the steps stale now by paper, and the disk a full rehearsal needs
     (`repro.ops.docs.disk_sentence`); wrapped at 116 columns."""
-    import textwrap
-
     summary, stale, pipeline = current_state(root)
     if not summary:
         text = (f"No rehearsal is recorded ({SUMMARY.as_posix()} is missing): run `repro rehearse --keep-going` and "
@@ -325,8 +326,11 @@ def readme_block(root: Path = Path()) -> str:
         by_paper: dict[str, list[str]] = {}
         for step in stale:
             by_paper.setdefault(paper_of(step, pipeline), []).append(f"`{step}`")
-        text += (f" Stale now ({len(stale)}, `repro rehearse --status` says why, `repro rehearse --stale` reruns "
-                 f"them): " + "; ".join(f"{p}: {', '.join(n)}" for p, n in by_paper.items()) + ".")
+        # named one by one while they are few; counted by paper beyond (the front page stays a page)
+        shown = [f"{p}: {', '.join(n)}" if len(stale) <= NAMED_STALE else f"{p} {len(n)}"
+                 for p, n in by_paper.items()]
+        text += (f" Stale now ({len(stale)}, `repro rehearse --status` says which and why, `repro rehearse --stale` "
+                 f"reruns them): " + "; ".join(shown) + ".")
     else:
         text += " No step is stale: every one ran today's inputs."
     return "\n\n".join(textwrap.fill(t, 116, break_on_hyphens=False) for t in (text, disk_sentence(summary)))

@@ -121,8 +121,8 @@ DOCUMENTS = ("README.md", "*/*/README.md", "docs/*.md")  # the front page, each 
 
 def documents(root: Path = Path()) -> list[Path]:
     """The repository's documents that may hold generated blocks (relative to `root`)."""
-    return sorted({p.relative_to(root) for pattern in DOCUMENTS for p in root.glob(pattern)
-                   if ".venv" not in p.parts and not p.parts[0].startswith(".")})
+    return sorted({rel for pattern in DOCUMENTS for p in root.glob(pattern)
+                   for rel in [p.relative_to(root)] if not rel.parts[0].startswith(".")})  # not .venv, .rehearsal
 
 
 def write(paths: list[Path] | None = None, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[Path]:
