@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,13 +251,18 @@ class BestCheckpoint(Callback):
 
 class Provenance(Callback):
     """Stores `info` (module class, resolved config, experiment, MLflow run …) in every checkpoint as `repro_run`;
-    on loading, keeps the checkpoint's own `repro_run` as `loaded` (a test run cites its fit run from it)."""
+    on loading, keeps the checkpoint's own `repro_run` as `loaded` (a test run cites its fit run from it).
+    `config`: a function that gives the resolved config's text, called once, at the first checkpoint: dumping it
+    costs a quarter of building a model from its config, which every dry run, estimate and test pays otherwise."""
 
-    def __init__(self, info: dict[str, Any]):
+    def __init__(self, info: dict[str, Any], *, config: Callable[[], str] | None = None):
         self.info = info
+        self._config = config
         self.loaded: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if self._config is not None:
+            self.info["config"], self._config = self._config(), None
         checkpoint["repro_run"] = dict(self.info)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):

@@ -63,13 +63,6 @@ def test_chunks_give_the_losses_and_weights_of_the_whole_batch(tmp_path, name, c
     assert records[0]["provenance"]["batch_chunk"] == 2  # the chunked step ran
 
 
-def test_a_batch_it_does_not_divide_is_refused_in_one_line(tmp_path):
-    done = _fit(tmp_path, "odd", TXL, "--run.batch_chunk", "3")
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: --run.batch_chunk 3 does not divide the "
-                                                                   "batch of 4 streams")
-    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "odd.ckpt").exists()
-
-
 @pytest.mark.slow
 def test_chunks_under_ddp_give_the_losses_of_the_whole_batch(tmp_path):
     whole = _fit(tmp_path, "ddp1", TXL, devices=2)

@@ -69,11 +69,3 @@ def test_checkpointed_layers_keep_fewer_tensors_for_the_backward():
 
     plain, checkpointed = saved_bytes(False), saved_bytes(True)
     assert checkpointed < 0.6 * plain, (checkpointed, plain)
-
-
-def test_a_model_with_a_layer_loop_of_its_own_refuses_it_in_one_line(tmp_path):
-    done = _fit(tmp_path, "lamemo", "--run.checkpoint_layers", "true",
-                config=str(ROOT / "configs/lamemo/tiny/char_lamemo.yaml"),
-                small=["--trainer.max_steps", "1", "--run.tracking", "none"])
-    assert done.returncode == 2 and done.stderr.startswith("error: --run.checkpoint_layers: LaMemo runs a layer loop")
-    assert len(done.stderr.strip().splitlines()) == 1

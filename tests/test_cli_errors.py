@@ -205,3 +205,18 @@ def test_an_evaluation_that_scores_nothing_says_what_to_change(tmp_path, monkeyp
                                         "1", "--trainer.val_check_interval", "1", "--run.tracking", "none"])
     assert "scored no token" in line and "--trainer.limit_val_batches" in line
     assert not [w for w in caught if "update" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_a_batch_chunk_that_does_not_divide_the_batch_is_refused(clean, capsys):
+    line = _one_line_error(capsys, ["fit", "-c", TINY, "--model.init_args.model.n_layer", "2",
+                                    "--model.init_args.model.d_model", "32", "--model.init_args.model.n_head", "2",
+                                    "--model.init_args.model.d_head", "16", "--model.init_args.model.d_inner", "64",
+                                    "--data.init_args.batch_size", "4", "--trainer.max_steps", "1",
+                                    "--run.batch_chunk", "3"])
+    assert line.startswith("error: --run.batch_chunk 3 does not divide the batch of 4 streams")
+
+
+def test_layer_checkpointing_of_a_model_with_a_layer_loop_of_its_own_is_refused(clean, capsys):
+    line = _one_line_error(capsys, ["fit", "-c", LAMEMO, "--trainer.max_steps", "1", "--run.checkpoint_layers",
+                                    "true"])
+    assert line.startswith("error: --run.checkpoint_layers: LaMemo runs a layer loop")

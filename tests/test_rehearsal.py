@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from repro.cli.commands import describe_built
 from repro.cli.rehearsal import merged_params
 from repro.cli.rehearsal_configs import REHEARSAL_CONFIGS, config_overrides
 from repro.cli.runs import runs_steps
 from repro.tables import Cell, Table, provenance
 
+from test_configs import PAPER_TRAINING, check_row
+
 ROOT = Path(__file__).resolve().parent.parent
-PAPER_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*/paper/*.yaml")
-                       if ".eval." not in p.name)
+PAPER_CONFIGS = PAPER_TRAINING  # every paper config that trains (tests/test_configs.py leaves their rows to this file)
 PROTOCOL_KEYS = ("tgt_len", "eval_tgt_len", "block_size", "max_len", "length")
 
 
@@ -35,6 +37,7 @@ def test_rehearsal_keeps_the_paper_model_and_protocol(config, monkeypatch):
     monkeypatch.chdir(ROOT)
     extra = config_overrides(config)[1::2]
     plain, rehearsed = build([config], meta=True), build([config, *extra], meta=True)
+    check_row(config, describe_built(config, plain))  # what tests/test_configs.py checks of every other config
 
     def n(cli):
         return sum(p.numel() for p in cli.model.parameters())

@@ -107,7 +107,8 @@ def test_the_full_rehearsal_fits_in_65_gb(pipeline, tmp_path, monkeypatch):
 
 def test_stages_run_in_order_and_drop_what_their_readers_have_read(tmp_path, monkeypatch):
     """`run_stages` with a drop schedule: the checkpoint a stage writes is there for its reader, gone after it, and
-    each stage's entry holds the scratch folder's peak disk during it."""
+    each stage's entry holds the scratch folder's peak disk during it; `on_step` sees every stage as it ends (a rerun
+    of stale steps writes its record there, so that a rehearsal cut short keeps what it finished)."""
     import sys
 
     from repro.cli import rehearsal
@@ -120,8 +121,11 @@ def test_stages_run_in_order_and_drop_what_their_readers_have_read(tmp_path, mon
                 "read": [sys.executable, "-c", f"import pathlib; assert pathlib.Path({str(ckpt)!r}).is_file()"],
                 "after": [sys.executable, "-c", "pass"]}
     monkeypatch.setattr(rehearsal, "stage_command", lambda name: commands[name])
+    seen = []
     with rehearsal.DiskPeak(tmp_path, every=0.05) as disk:
         summary = rehearsal.run_stages(["write", "read", "after"], ws, dict(os.environ), keep_going=False,
-                                       drop={"read": ["checkpoints/p/paper/g"]}, disk=disk)
+                                       drop={"read": ["checkpoints/p/paper/g"]}, disk=disk,
+                                       on_step=lambda entries: seen.append([e["stage"] for e in entries]))
     assert [r["exit"] for r in summary] == [0, 0, 0] and not ckpt.exists()
+    assert seen == [["write"], ["write", "read"], ["write", "read", "after"]]
     assert summary[0]["disk_peak_mb"] >= 5 and summary[2]["disk_peak_mb"] < 5

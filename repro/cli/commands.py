@@ -18,31 +18,36 @@ from repro.ops import docs
 
 
 def describe_configs(paths: list[str]) -> list[dict]:
+    """`repro describe`'s row of each config (an *.eval.yaml built on top of its training config), on the meta
+    device."""
     from repro.cli.cli import build
 
     rows = []
     for path in paths:
         base = path.replace(".eval.yaml", ".yaml")
-        cfgs = [base, path] if base != path else [path]
-        cli = build(cfgs, meta=True)
-        module, dm = cli.model, cli.datamodule
-        run = cli.config.get("run", {}) or {}
-        row = {"config": path, "paper": run.get("paper"), "experiment": run.get("experiment"),
-               "profile": run.get("profile")}
-        row |= module.describe() if hasattr(module, "describe") else {
-            "module_class": type(module).__qualname__, "parameters": sum(p.numel() for p in module.parameters())}
-        for key in ("corpus_name", "batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len"):
-            if hasattr(dm, key):
-                row[key.replace("corpus_name", "corpus")] = getattr(dm, key)
-        try:
-            paper_params = getattr(paper_tables(row["paper"]), "PAPER_PARAMS", {}).get(row["experiment"])
-        except ValueError:  # a config of no paper with tables
-            paper_params = None
-        row["paper_parameters"] = paper_params
-        if paper_params:
-            row["ratio_to_paper"] = round(row["parameters"] / paper_params, 4)
-        rows.append(row)
+        rows.append(describe_built(path, build([base, path] if base != path else [path], meta=True)))
     return rows
+
+
+def describe_built(path: str, cli) -> dict:
+    """The row of `describe_configs` from a config already built (`repro.cli.cli.build`)."""
+    module, dm = cli.model, cli.datamodule
+    run = cli.config.get("run", {}) or {}
+    row = {"config": path, "paper": run.get("paper"), "experiment": run.get("experiment"),
+           "profile": run.get("profile")}
+    row |= module.describe() if hasattr(module, "describe") else {
+        "module_class": type(module).__qualname__, "parameters": sum(p.numel() for p in module.parameters())}
+    for key in ("corpus_name", "batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len"):
+        if hasattr(dm, key):
+            row[key.replace("corpus_name", "corpus")] = getattr(dm, key)
+    try:
+        paper_params = getattr(paper_tables(row["paper"]), "PAPER_PARAMS", {}).get(row["experiment"])
+    except ValueError:  # a config of no paper with tables
+        paper_params = None
+    row["paper_parameters"] = paper_params
+    if paper_params:
+        row["ratio_to_paper"] = round(row["parameters"] / paper_params, 4)
+    return row
 
 
 def _describe(args) -> None:

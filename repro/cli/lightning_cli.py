@@ -260,8 +260,8 @@ class ReproCLI(LightningCLI):
         model_class = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
         self._provenance = Provenance({"module_class": model_class, "paper": run.get("paper"),
                                        "experiment": run.get("experiment"), "profile": run.get("profile"),
-                                       "config": self._dump(cfg), "seed": cfg.get("seed_everything"),
-                                       "mlflow_run": None})
+                                       "seed": cfg.get("seed_everything"), "mlflow_run": None},
+                                      config=lambda: self._dump(cfg))
         ours.append(self._provenance)
         bar = self._get(self.config_init, "trainer", default={}).get("enable_progress_bar")
         if bar is None and not sys.stderr.isatty():  # a pipe or a job's log file: lines, not bars redrawn in place

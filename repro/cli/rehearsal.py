@@ -249,11 +249,13 @@ def stage_command(name: str) -> list[str]:
 
 
 def run_stages(plan: list[str], ws: Path, env: dict, *, keep_going: bool, drop: dict[str, list[str]] | None = None,
-               disk: DiskPeak | None = None) -> list[dict]:
+               disk: DiskPeak | None = None, on_step=None) -> list[dict]:
     """Run the plan's stages in order; one summary entry per stage: its seconds, exit code, peak RSS (MiB, the
     largest process of the stage: `repro.ops.rss.run_measured`) and, with `disk`, the scratch folder's peak during
     it (MB). `drop`: after a stage, the checkpoint folders (relative to the workspace) to delete then
-    (`repro.cli.rehearsal_plan.drop_checkpoints`). Stops after a failed stage unless `keep_going`."""
+    (`repro.cli.rehearsal_plan.drop_checkpoints`). `on_step(entry)` is called as each stage ends (the record of a
+    rerun is written there, so that an interrupted rehearsal keeps its finished stages). Stops after a failed stage
+    unless `keep_going`."""
     from repro.cli.rehearsal_plan import drop_checkpoints
     from repro.ops.rss import run_measured
 
@@ -269,6 +271,8 @@ def run_stages(plan: list[str], ws: Path, env: dict, *, keep_going: bool, drop: 
             entry["disk_peak_mb"] = round(disk.take() / 1e6)
         freed = drop_checkpoints(ws, (drop or {}).get(name, []))
         summary.append(entry)
+        if on_step is not None:
+            on_step(summary)
         print(f"rehearse: {name} {'done' if not done.returncode else 'FAILED'} in {done.seconds:.0f} s, "
               f"peak RSS {done.peak_rss_mb / 1024:.1f} GiB"
               + (f", scratch disk {entry['disk_peak_mb'] / 1e3:.1f} GB" if disk is not None else "")
@@ -406,11 +410,26 @@ def rehearse(argv: list[str]) -> None:
         (ws / "params.yaml").write_text(yaml.safe_dump(ws_params, sort_keys=False, width=120))
     drop = {name: [out for n in names for out in rehearsal_plan.checkpoint_outs(pipeline, n)]
             for name, names in zip(plan, schedule)}
+    def stamped(entries: list[dict]) -> list[dict]:
+        return [rehearsal_record.stamp({**e, **({"configs": estimates[e["stage"]]} if e["stage"] in estimates
+                                                 else {})}, inputs[e["stage"]]) for e in entries]
+
+    def merged(entries: list[dict]) -> dict:
+        return rehearsal_record.merge(recorded, stamped(entries), now=inputs, record={
+            "commit": commit, "command": "repro rehearse " + " ".join(argv),
+            "minutes": round((time.time() - t0) / 60, 1), "machine": rehearsal_record.machine()})
+
+    def on_step(entries: list[dict]) -> None:
+        """A rerun of stale steps merges each finished step into the committed record at once: a rehearsal cut
+        short (a closed laptop, a session's end) keeps every step it finished."""
+        if args.stale:
+            atomic_write_json(root / rehearsal_record.SUMMARY, merged(entries))
+
     # the server lives as long as the rehearsal: a stage may train for many minutes between two downloads
     with mirror.serve(work / "mirror", idle_timeout=6 * 3600) as server, DiskPeak(work) as disk:
         env = stage_environment(dict(os.environ), mirror.environment(server.url, work / "client-cache"), ws=ws,
                                 data=data)
-        summary = run_stages(plan, ws, env, keep_going=args.keep_going, drop=drop, disk=disk)
+        summary = run_stages(plan, ws, env, keep_going=args.keep_going, drop=drop, disk=disk, on_step=on_step)
         if ddp and (args.keep_going or not any(r["exit"] for r in summary)):
             (work / "ddp").mkdir(exist_ok=True)
             for paper, config in ddp_runs:
@@ -429,13 +448,13 @@ def rehearse(argv: list[str]) -> None:
                     ok = False
                 summary.append({"stage": f"ddp:{paper}/{config}", "seconds": round(time.time() - t),
                                 "exit": 0 if ok else 1, **peaks, "disk_peak_mb": round(disk.take() / 1e6)})
+                on_step(summary)
                 if not args.keep_checkpoints:
                     rehearsal_plan.drop_checkpoints(ws, [ddp_checkpoints(paper)])
                 if not ok and not args.keep_going:
                     break
         disk_peak = disk.overall
-    summary = [rehearsal_record.stamp({**e, **({"configs": estimates[e["stage"]]} if e["stage"] in estimates
-                                                else {})}, inputs[e["stage"]]) for e in summary]
+    raw, summary = summary, stamped(summary)
     mirror_and_data = sum(_tree_bytes(p) for p in [work / "mirror", data, work / "client-cache"] if p.exists())
     failed = [r["stage"] for r in summary if r["exit"]]
     minutes = round((time.time() - t0) / 60, 1)
@@ -451,9 +470,7 @@ def rehearse(argv: list[str]) -> None:
         atomic_write_json(root / rehearsal_record.SUMMARY, record)
         written = f" and {rehearsal_record.SUMMARY}"
     elif args.stale:
-        merged = rehearsal_record.merge(recorded, summary, now=inputs, record={
-            "commit": commit, "command": record["command"], "minutes": minutes, "machine": record["machine"]})
-        atomic_write_json(root / rehearsal_record.SUMMARY, merged)
+        atomic_write_json(root / rehearsal_record.SUMMARY, merged(raw))
         written = f" and {rehearsal_record.SUMMARY} ({len(summary)} steps merged)"
     tables = sorted(ws.glob("results/*/*.md"))
     print(f"rehearse: {len(summary)} steps in {minutes:.1f} min, {len(failed)} failed"
