@@ -1,0 +1,186 @@
+"""The authors' released Transformer-XL models (TensorFlow checkpoints) as our `TransformerXL`.
+
+    model = load_tf("…/model.ckpt-0", LAYOUTS["enwik8"])   # eval mode, float32, the released weights
+
+Follows the authors' TF model, `tf/model.py` of kimiyoung/transformer-xl (`transformer`, `rel_multihead_attn`,
+`positionwise_FF`, `mask_adaptive_embedding_lookup`, `mask_adaptive_logsoftmax`), variable by variable:
+- `transformer/layer_{i}/rel_attn/qkv/kernel` (D, 3·H·Dh), split q | k | v as `tf.split(…, 3, -1)`: our
+  `qkv_net.weight` is its transpose; `r/kernel` and `o/kernel` likewise `r_net` and `o_net`;
+- `…/rel_attn/LayerNorm/{gamma,beta}` and `…/ff/LayerNorm/{gamma,beta}` (after the residual sums, as ours),
+  `…/ff/layer_1/{kernel,bias}` and `…/ff/layer_2/{kernel,bias}` (dense layers: kernels transposed);
+- `transformer/r_w_bias`, `transformer/r_r_bias`: (H, Dh) shared by the layers (`untie_r` false, the enwik8 and
+  text8 models);
+- `transformer/adaptive_embed/lookup_table` (n_token, d_embed), scaled by √D at lookup as ours, its projection
+  `proj_W` (d_embed, D) where the widths differ (our `emb_projs.0` is its transpose); with `div_val` > 1 one
+  `cutoff_{i}/lookup_table` and `cutoff_{i}/proj_W` per cluster;
+- `transformer/adaptive_softmax/bias` (no clusters; the output weights are the embedding's: TF always ties them),
+  or per cluster `cutoff_{i}/b`, an untied `cutoff_{i}/proj`, and `cutoff_0/cluster_W`, `cutoff_0/cluster_b`.
+Differs, where our model follows the authors' PyTorch code instead, and the converter bridges it:
+- TF's layer norms use ε = 1e-12 (`tf.contrib.layers.layer_norm`), PyTorch's 1e-5: the converted model's layer
+  norms are given TF's ε;
+- TF orders the cluster logits of the adaptive softmax's head after the shortlist as clusters 1, 2, …; the PyTorch
+  code (and ours) reads cluster i at position −i: the cluster rows are reversed.
+- TF's evaluation (`train_gpu.py`) starts from a memory of `mem_len` zero rows, not an empty one, and its
+  `same_length` mask lets each query see the memory's M rows and itself, M + 1 keys, where the PyTorch mask counts
+  `mem_len` keys with the query among them: the TF protocol is ours with `mem_len` M + 1 (`tf_protocol`; the
+  extra row the memory then keeps is masked for every query).
+Refused in one line: per-layer attention biases (`untie_r`, the WikiText-103 and One Billion Word models), which
+our `TransformerXL` does not hold yet.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.weights.tf_bundle import CheckpointError, TFCheckpoint
+
+TF_LAYER_NORM_EPS = 1e-12
+SCOPE = "transformer"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The settings of a released model that its checkpoint does not say (`tf/sota/*.sh`)."""
+
+    n_head: int
+    d_head: int
+    cutoffs: tuple[int, ...] = ()
+    div_val: int = 1
+    untie_r: bool = False
+    proj_share_all_but_first: bool = False
+    proj_same_dim: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+LAYOUTS = {
+    # tf/sota/enwik8.sh and text8.sh: 24 layers, d 1024, 8 heads of 128, no adaptive softmax, shared biases
+    "enwik8": Layout(n_head=8, d_head=128),
+    "text8": Layout(n_head=8, d_head=128),
+}
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def config_of(ckpt: TFCheckpoint, layout: Layout) -> TransformerXLConfig:
+    """Our model's settings, the sizes read from the checkpoint's shapes."""
+    names = set(ckpt.names())
+    n_layer = sum(1 for n in names if n.startswith(f"{SCOPE}/layer_") and n.endswith("/rel_attn/qkv/kernel"))
+    if n_layer == 0:
+        raise CheckpointError(f"{ckpt.prefix} holds no {SCOPE}/layer_*/rel_attn/qkv/kernel: not a Transformer-XL "
+                              "checkpoint of the authors' TF code")
+    if layout.untie_r or len(ckpt.shape(f"{SCOPE}/r_w_bias")) == 3:
+        raise CheckpointError(f"{ckpt.prefix} has per-layer attention biases (untie_r: the WikiText-103 and One "
+                              "Billion Word models), which TransformerXL does not hold yet")
+    d_model = ckpt.shape(f"{SCOPE}/layer_0/rel_attn/o/kernel")[1]
+    d_inner = ckpt.shape(f"{SCOPE}/layer_0/ff/layer_1/kernel")[1]
+    if layout.div_val == 1:
+        n_token, d_embed = ckpt.shape(f"{SCOPE}/adaptive_embed/lookup_table")
+    else:
+        d_embed = ckpt.shape(f"{SCOPE}/adaptive_embed/cutoff_0/lookup_table")[1]
+        n_token = layout.cutoffs[-1] + ckpt.shape(
+            f"{SCOPE}/adaptive_embed/cutoff_{len(layout.cutoffs)}/lookup_table")[0]
+    tie_projs = (False, *([layout.proj_share_all_but_first] * len(layout.cutoffs))) if layout.cutoffs else None
+    return TransformerXLConfig(n_layer=n_layer, d_model=d_model, n_head=layout.n_head, d_head=layout.d_head,
+                               d_inner=d_inner, n_token=n_token, dropout=0.0, dropatt=0.0,
+                               d_embed=None if d_embed == d_model else d_embed, div_val=layout.div_val,
+                               cutoffs=tuple(layout.cutoffs), tie_weight=True, tie_projs=tie_projs)
+
+
+def state_dict_of(ckpt: TFCheckpoint, model: TransformerXL, layout: Layout) -> dict[str, torch.Tensor]:
+    """Our state dict's entries from the checkpoint's variables (every one of ours set, every one of theirs used)."""
+    cfg = model.cfg
+    read = ckpt.read
+    out: dict[str, torch.Tensor] = {"r_w_bias": _t(read(f"{SCOPE}/r_w_bias")),
+                                    "r_r_bias": _t(read(f"{SCOPE}/r_r_bias"))}
+    for i in range(cfg.n_layer):
+        tf, us = f"{SCOPE}/layer_{i}", f"layers.{i}"
+        out[f"{us}.attn.qkv_net.weight"] = _t(read(f"{tf}/rel_attn/qkv/kernel").T)
+        out[f"{us}.attn.r_net.weight"] = _t(read(f"{tf}/rel_attn/r/kernel").T)
+        out[f"{us}.attn.o_net.weight"] = _t(read(f"{tf}/rel_attn/o/kernel").T)
+        out[f"{us}.attn_norm.weight"] = _t(read(f"{tf}/rel_attn/LayerNorm/gamma"))
+        out[f"{us}.attn_norm.bias"] = _t(read(f"{tf}/rel_attn/LayerNorm/beta"))
+        out[f"{us}.ff.net.0.weight"] = _t(read(f"{tf}/ff/layer_1/kernel").T)
+        out[f"{us}.ff.net.0.bias"] = _t(read(f"{tf}/ff/layer_1/bias"))
+        out[f"{us}.ff.net.3.weight"] = _t(read(f"{tf}/ff/layer_2/kernel").T)
+        out[f"{us}.ff.net.3.bias"] = _t(read(f"{tf}/ff/layer_2/bias"))
+        out[f"{us}.ff_norm.weight"] = _t(read(f"{tf}/ff/LayerNorm/gamma"))
+        out[f"{us}.ff_norm.bias"] = _t(read(f"{tf}/ff/LayerNorm/beta"))
+    emb, soft = f"{SCOPE}/adaptive_embed", f"{SCOPE}/adaptive_softmax"
+    if cfg.div_val == 1:
+        table = _t(read(f"{emb}/lookup_table"))
+        out["word_emb.emb_layers.0.weight"] = table
+        if f"{emb}/proj_W" in ckpt.entries:
+            out["word_emb.emb_projs.0"] = _t(read(f"{emb}/proj_W").T)
+        if not cfg.cutoffs:
+            out["crit.out_layers.0.weight"] = table
+            out["crit.out_layers.0.bias"] = _t(read(f"{soft}/bias"))
+            if "word_emb.emb_projs.0" in out:
+                out["crit.out_projs.0"] = out["word_emb.emb_projs.0"]
+            return out
+    raise CheckpointError(f"{ckpt.prefix}: the adaptive softmax layouts (cutoffs {cfg.cutoffs}, div_val "
+                          f"{cfg.div_val}) are not converted yet")
+
+
+def load_tf(prefix: str | os.PathLike, layout: Layout, *, verify: bool = True) -> TransformerXL:
+    """The released model as our `TransformerXL` (float32, eval mode), with TF's layer-norm ε."""
+    with TFCheckpoint(prefix, verify=verify) as ckpt:
+        cfg = config_of(ckpt, layout)
+        with torch.device("meta"):
+            model = TransformerXL(cfg)
+        state = state_dict_of(ckpt, model, layout)
+    ours = model.state_dict()
+    missing = sorted(set(ours) - set(state))
+    unknown = sorted(set(state) - set(ours))
+    if missing or unknown:
+        raise CheckpointError(f"converting {prefix}: our model's {missing[:3]} are not set and {unknown[:3]} are not "
+                              "ours: the layout does not match the checkpoint")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(ours[k].shape):
+            raise CheckpointError(f"converting {prefix}: {k} is {tuple(v.shape)} in the checkpoint, "
+                                  f"{tuple(ours[k].shape)} in our model: the layout's n_head/d_head do not match")
+    model.load_state_dict(state, assign=True)
+    for m in model.modules():
+        if isinstance(m, nn.LayerNorm):
+            m.eps = TF_LAYER_NORM_EPS
+    return model.float().eval()
+
+
+@dataclass(frozen=True)
+class TFProtocol:
+    """The authors' TF evaluation settings (`tf/sota/*.sh`: tgt_len, mem_len, clamp_len, same_length)."""
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+    def first_memory(self, model: TransformerXL, batch: int) -> list[torch.Tensor]:
+        """`train_gpu.py`'s first memory: `mem_len` zero rows per layer (batch-first here)."""
+        return [torch.zeros(batch, self.mem_len, model.cfg.d_model) for _ in model.layers]
+
+    @property
+    def our_mem_len(self) -> int:
+        """The `mem_len` our forward takes to compute what TF computes (the module docstring)."""
+        return self.mem_len + 1 if self.same_length else self.mem_len
+
+
+@torch.no_grad()
+def tf_protocol_nll(model: TransformerXL, segments: list[tuple[torch.Tensor, torch.Tensor]],
+                    protocol: TFProtocol) -> list[torch.Tensor]:
+    """Per-token NLL (B, T) of each consecutive segment (inputs, targets; batch-first), the memory carried from a
+    first memory of zeros, as the authors' TF evaluation computes them."""
+    mems = protocol.first_memory(model, segments[0][0].shape[0])
+    out = []
+    for x, y in segments:
+        h, mems = model(x, mems, mem_len=protocol.our_mem_len, clamp_len=protocol.clamp_len,
+                        same_length=protocol.same_length)
+        out.append(model.nll(h, y))
+    return out
+
