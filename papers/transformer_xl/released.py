@@ -1,5 +1,7 @@
 """The authors' released Transformer-XL models (TensorFlow checkpoints) as our `TransformerXL`.
 
+    python -m papers.transformer_xl.released download enwik8 --root pretrained_xl   # the authors' files
+    python -m papers.transformer_xl.released evaluate enwik8 --root pretrained_xl   # their test split, a record
     model = load_tf("…/model.ckpt-0", LAYOUTS["enwik8"])   # eval mode, float32, the released weights
 
 Follows the authors' TF model, `tf/model.py` of kimiyoung/transformer-xl (`transformer`, `rel_multihead_attn`,
@@ -30,14 +32,22 @@ our `TransformerXL` does not hold yet.
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.io import atomic_write_json
+from repro.ops.bench import environment
+from repro.ops.download import ChecksumError, DownloadError, download, read_sidecar
+from repro.weights.py2pickle import load
 from repro.weights.tf_bundle import CheckpointError, TFCheckpoint
 
 TF_LAYER_NORM_EPS = 1e-12
@@ -183,4 +193,130 @@ def tf_protocol_nll(model: TransformerXL, segments: list[tuple[torch.Tensor, tor
                         same_length=protocol.same_length)
         out.append(model.nll(h, y))
     return out
+
+
+URL = "http://curtis.ml.cmu.edu/datasets/pretrained_xl"  # tf/sota/download.sh
+
+
+@dataclass(frozen=True)
+class Release:
+    """One released model: its folder under `URL`, checkpoint prefix, layout, test protocol (`tf/sota/<name>.sh`:
+    TEST_TGT_LEN, TEST_MEM_LEN, TEST_CLAMP_LEN, same_length, TEST_BSZ) and the paper's number for it."""
+
+    folder: str
+    checkpoint: str
+    layout: Layout
+    tgt_len: int
+    protocol: TFProtocol
+    batch: int
+    level: str  # "char": bpc; "word": perplexity
+    paper: float
+
+    def files(self) -> list[str]:
+        """The files the evaluation needs (the graph's `.meta` is not: the model is ours)."""
+        return ["data/cache.pkl", "data/corpus-info.json", "model/checkpoint",
+                f"model/{self.checkpoint}.index", f"model/{self.checkpoint}.data-00000-of-00001"]
+
+
+RELEASES = {
+    "enwik8": Release("tf_enwiki8", "model.ckpt-0", LAYOUTS["enwik8"], 128, TFProtocol(3800, 1000, True), 16,
+                      "char", 0.99),
+    "text8": Release("tf_text8", "model.ckpt-0", LAYOUTS["text8"], 128, TFProtocol(3800, 1000, True), 16, "char",
+                     1.08),
+    "wt103": Release("tf_wt103", "model.ckpt-0",
+                     Layout(n_head=16, d_head=64, cutoffs=(20000, 40000, 200000), div_val=4, untie_r=True,
+                            proj_share_all_but_first=True), 128, TFProtocol(1600, 1000, True), 16, "word", 18.3),
+    "lm1b": Release("tf_lm1b", "model.ckpt-1191000",
+                    Layout(n_head=16, d_head=80, cutoffs=(60000, 100000, 640000), div_val=4, untie_r=True,
+                           proj_same_dim=False), 32, TFProtocol(128, -1, False), 16, "word", 21.8),
+}
+
+
+def _release(name: str) -> Release:
+    if name not in RELEASES:
+        raise ValueError(f"no released model {name!r}: the authors released {', '.join(RELEASES)}")
+    return RELEASES[name]
+
+
+def download_released(name: str, root: str | os.PathLike) -> Path:
+    """The authors' files of model `name` under `root/<folder>/` (resumable, atomic, `repro.ops.download`). Nothing
+    is published for them: the size and sha256 of each are recorded at the first download (`<file>.sha256`),
+    every later use is checked against them, and they are printed for comparing with another copy."""
+    rel = _release(name)
+    folder = Path(root) / rel.folder
+    for f in rel.files():
+        dest = download(f"{URL}/{rel.folder}/{f}", folder / f, sha256=None, record_sha256=True)
+        print(f"released {name}: {dest} {dest.stat().st_size:,} bytes sha256 {read_sidecar(dest)}", flush=True)
+    return folder
+
+
+def test_streams(tokens: np.ndarray, batch: int) -> torch.Tensor:
+    """The test split as the authors' evaluation serves it: `batch` contiguous streams (`batchify`: the tail that
+    does not fill them dropped), (B, N)."""
+    n = len(tokens) // batch
+    return torch.from_numpy(np.asarray(tokens[: n * batch], dtype=np.int64)).view(batch, n)
+
+
+@torch.no_grad()
+def evaluate_released(name: str, root: str | os.PathLike, *, max_segments: int | None = None,
+                      release: Release | None = None) -> dict:
+    """The released model's test loss by the authors' protocol on their own encoded test split (`cache.pkl`'s
+    `test`, with its vocabulary as released): the mean per-token NLL over every full segment of every stream.
+    `release`: other settings than `RELEASES[name]` (a test's miniature)."""
+    rel = release or _release(name)
+    folder = Path(root) / rel.folder
+    corpus = load(folder / "data" / "cache.pkl")
+    model = load_tf(folder / "model" / rel.checkpoint, rel.layout)
+    if len(corpus.vocab.idx2sym) != model.cfg.n_token:
+        raise CheckpointError(f"{folder}: cache.pkl has {len(corpus.vocab.idx2sym)} symbols, the checkpoint "
+                              f"{model.cfg.n_token}: the files come from two releases")
+    streams = test_streams(np.asarray(corpus.test), rel.batch)
+    steps = (streams.shape[1] - 1) // rel.tgt_len
+    if max_segments is not None:
+        steps = min(steps, max_segments)
+    mems = rel.protocol.first_memory(model, rel.batch)
+    total, count = 0.0, 0
+    for k in range(steps):
+        x = streams[:, k * rel.tgt_len:(k + 1) * rel.tgt_len]
+        y = streams[:, k * rel.tgt_len + 1:(k + 1) * rel.tgt_len + 1]
+        h, mems = model(x, mems, mem_len=rel.protocol.our_mem_len, clamp_len=rel.protocol.clamp_len,
+                        same_length=rel.protocol.same_length)
+        nll = model.nll(h, y)
+        total, count = total + float(nll.sum()), count + nll.numel()
+    loss = total / count
+    return {"model": name, "loss": loss, "bpc": loss / math.log(2), "ppl": math.exp(loss), "tokens": count,
+            "segments": steps, "batch": rel.batch, "tgt_len": rel.tgt_len, "mem_len": rel.protocol.mem_len,
+            "clamp_len": rel.protocol.clamp_len, "same_length": rel.protocol.same_length, "level": rel.level,
+            "paper": rel.paper, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m papers.transformer_xl.released", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=["download", "evaluate"])
+    ap.add_argument("model", choices=sorted(RELEASES))
+    ap.add_argument("--root", default="pretrained_xl", help="where the released files go (default: pretrained_xl)")
+    ap.add_argument("--out", help="evaluate: the record to write (default: results/transformer_xl/released/"
+                                  "<model>.json)")
+    ap.add_argument("--max-segments", type=int, help="evaluate: only the first segments of the test split")
+    args = ap.parse_args(argv)
+    try:
+        if args.action == "download":
+            download_released(args.model, args.root)
+            return
+        record = evaluate_released(args.model, args.root, max_segments=args.max_segments)
+    except (ValueError, OSError, DownloadError, ChecksumError) as err:
+        raise SystemExit(f"error: {err}") from None
+    env = environment(torch.device("cpu"))
+    record["provenance"] = {"command": "python -m papers.transformer_xl.released " + " ".join(argv or sys.argv[1:]),
+                            "host_cpu": env["host_cpu"], "torch": env["torch"], "complete": args.max_segments is None}
+    out = args.out or f"results/transformer_xl/released/{args.model}.json"
+    atomic_write_json(out, record)
+    unit = f"{record['bpc']:.3f} bpc" if record["level"] == "char" else f"{record['ppl']:.2f} ppl"
+    print(f"released {args.model}: {unit} over {record['tokens']:,} test tokens (the paper: {record['paper']}); "
+          f"{out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
 
