@@ -117,3 +117,24 @@ print(json.dumps(float(scored(m.nll_metrics["test"])["mean_nll"])))
     assert done.returncode == 0, done.stderr[-2000:]
     # the run's test in float32, as the exported weights are evaluated here
     assert json.loads(done.stdout.strip().splitlines()[-1]) == pytest.approx(loss, abs=1e-6)
+
+
+def test_the_export_is_logged_as_artifacts_of_its_run(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient()
+    run = client.create_run(client.create_experiment("transformer_xl", artifact_location=str(tmp_path / "art")))
+    ckpt = tmp_path / "a.ckpt"
+    _checkpoint(ckpt)
+    state = torch.load(ckpt, weights_only=True)
+    state["repro_run"]["mlflow_run"] = run.info.run_id
+    torch.save(state, ckpt)
+    ex.main(["-c", TINY, "--ckpt", str(ckpt), "--out", str(tmp_path / "exported"), "--mlflow"])
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "exported")}
+    assert {"exported/config.json", "exported/model.safetensors"} <= logged
+    _checkpoint(ckpt)  # no run named: --mlflow is refused in one line
+    with pytest.raises(SystemExit) as err:
+        ex.main(["-c", TINY, "--ckpt", str(ckpt), "--out", str(tmp_path / "exported2"), "--mlflow"])
+    assert "names no MLflow run" in str(err.value.code) and not (tmp_path / "exported2").exists()

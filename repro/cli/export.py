@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> Path:
     for path in [*args.config, args.ckpt]:
         if not Path(path).is_file():
             raise SystemExit(f"error: {path} does not exist")
+    if args.mlflow and not (torch.load(args.ckpt, map_location="cpu", weights_only=True).get("repro_run") or {}
+                            ).get("mlflow_run"):
+        raise SystemExit(f"error: {args.ckpt} names no MLflow run (trained with --run.tracking none): drop --mlflow")
     try:
         out = export(args.config, args.ckpt, args.out)
     except ValueError as err:
@@ -98,11 +101,7 @@ def main(argv: list[str] | None = None) -> Path:
     with contextlib.redirect_stdout(io.StringIO()):  # the mixin's own "Loading weights from local directory"
         model = ExportedLM.from_pretrained(out)  # what a user will load: checked before anything is said or sent
     if args.mlflow:
-        run_id = model.run.get("mlflow_run")
-        if not run_id:
-            raise SystemExit(f"error: {args.ckpt} names no MLflow run (trained with --run.tracking none): drop "
-                             "--mlflow")
-        log_to_mlflow(out, run_id)
+        log_to_mlflow(out, model.run["mlflow_run"])
     if args.push_to:
         model.push_to_hub(args.push_to)
     files = sorted(p.name for p in out.iterdir())
