@@ -107,3 +107,24 @@ def test_a_bad_argument_is_refused_in_one_line_before_anything_is_written(tmp_pa
     with pytest.raises(SystemExit) as err:
         stepmemory.main([*argv, "--out", str(out)])
     assert str(err.value.code).startswith(said) and "\n" not in str(err.value.code) and not out.exists()
+
+
+RECORDS = sorted((ROOT / "results").glob("*/step_memory/*.json"))
+
+
+def test_the_paper_configs_that_need_chunks_have_a_measured_record():
+    assert {p.stem for p in RECORDS} >= {"wt103_large", "lm1b_large"}
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_each_record_s_table_and_its_config_s_comment_say_what_it_holds(path):
+    record = json.loads(path.read_text())
+    assert (path.with_suffix(".md")).read_text() == stepmemory.render(record)
+    config = ROOT / record["config"][0]
+    lines = config.read_text().splitlines()
+    expected = stepmemory.config_comment(record, str(path.relative_to(ROOT)))
+    at = lines.index(expected[0]) if expected[0] in lines else -1
+    assert at >= 0 and lines[at:at + len(expected)] == expected, f"{config} should carry:\n" + "\n".join(expected)
+    # the estimate rests on two or more measured chunk sizes, with and without layer checkpointing
+    for ckpt in (False, True):
+        assert len({m["streams"] for m in record["measured"] if m["checkpoint_layers"] == ckpt}) >= 2

@@ -252,6 +252,23 @@ def render(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_comment(record: dict, record_path: str) -> list[str]:
+    """The comment lines the config carries (above its `data:` section), for one device holding the whole batch:
+    the chunks that fit each card, without and with layer checkpointing. tests/test_step_memory.py checks that
+    each measured config carries exactly these lines."""
+    fits = {(r["card_gb"], r["checkpoint_layers"]): r["fits"] for r in record["settings"] if r["devices"] == 1}
+
+    def say(card: int, ckpt: bool) -> str:
+        fit = fits[(card, ckpt)]
+        return f"{card} GB: " + (f"--run.batch_chunk {fit['batch_chunk']}" if fit else "does not fit")
+
+    return [f"# The batch of {record['batch_size']} streams on one GPU, estimated from the step memory measured in",
+            f"#   {record_path}:",
+            f"#   {say(40, False)}; {say(80, False)}",
+            f"#   with --run.checkpoint_layers true, {say(40, True)}; {say(80, True)}",
+            "#   on several GPUs each holds its share of the streams: the record's table gives their settings"]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m repro.cli.stepmemory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

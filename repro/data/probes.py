@@ -211,7 +211,9 @@ class ProbeDataModule(L.LightningDataModule):
         rank, world = self._rank()
         inp, tgt = self._data[split]
         batch = self.batch_size if split == "train" else self.eval_batch_size
-        return SortSegments(inp, tgt, batch_size=batch, tgt_len=self.tgt_len, rank=rank, world_size=world)
+        # every evaluation example scored: a split that does not fill its batches is refused, not cut
+        return SortSegments(inp, tgt, batch_size=batch, tgt_len=self.tgt_len, rank=rank, world_size=world,
+                            drop_last=split == "train")
 
     def train_dataloader(self) -> SortSegments:
         return self.segments("train")
