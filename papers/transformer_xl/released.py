@@ -14,7 +14,8 @@ Follows the authors' TF model, `tf/model.py` of kimiyoung/transformer-xl (`trans
   text8 models);
 - `transformer/adaptive_embed/lookup_table` (n_token, d_embed), scaled by √D at lookup as ours, its projection
   `proj_W` (d_embed, D) where the widths differ (our `emb_projs.0` is its transpose); with `div_val` > 1 one
-  `cutoff_{i}/lookup_table` and `cutoff_{i}/proj_W` per cluster;
+  `cutoff_{i}/lookup_table` and `cutoff_{i}/proj_W` per cluster, the projection absent where the widths match and
+  `proj_same_dim` is false (the One Billion Word model): the identity in ours;
 - `transformer/adaptive_softmax/bias` (no clusters; the output weights are the embedding's: TF always ties them),
   or per cluster `cutoff_{i}/b`, an untied `cutoff_{i}/proj`, and `cutoff_0/cluster_W`, `cutoff_0/cluster_b`.
 Differs, where our model follows the authors' PyTorch code instead, and the converter bridges it:
@@ -133,18 +134,42 @@ def state_dict_of(ckpt: TFCheckpoint, model: TransformerXL, layout: Layout) -> d
             out["crit.out_layers.0.weight"] = table
             out["crit.out_layers.0.bias"] = _t(read(f"{soft}/bias"))
             if "word_emb.emb_projs.0" in out:
-                out["crit.out_projs.0"] = out["word_emb.emb_projs.0"]
+                out["crit.out_proj_0"] = out["word_emb.emb_projs.0"]
             return out
-    raise CheckpointError(f"{ckpt.prefix}: the adaptive softmax layouts (cutoffs {cfg.cutoffs}, div_val "
-                          f"{cfg.div_val}) are not converted yet")
+        raise CheckpointError(f"{ckpt.prefix}: an adaptive softmax with div_val 1 (cutoffs {cfg.cutoffs}) is not "
+                              "among the released layouts and is not converted")
+    # div_val > 1: one table and one projection per cluster; TF's missing projection (`proj_same_dim` false where
+    # the widths match) is the identity, which our model holds as a matrix
+    n = len(cfg.cutoffs) + 1
+    projs = []
+    for i in range(n):
+        table = _t(read(f"{emb}/cutoff_{i}/lookup_table"))
+        out[f"word_emb.emb_layers.{i}.weight"] = table
+        out[f"crit.out_layers.{i}.weight"] = table  # TF ties the softmax to the embedding always
+        proj = f"{emb}/cutoff_{i}/proj_W"
+        projs.append(_t(read(proj).T) if proj in ckpt.entries else torch.eye(cfg.d_model, table.shape[1]))
+        out[f"word_emb.emb_projs.{i}"] = projs[i]
+        out[f"crit.out_layers.{i}.bias"] = _t(read(f"{soft}/cutoff_{i}/b"))
+        own = f"{soft}/cutoff_{i}/proj"
+        if cfg.proj_ties[i]:
+            out[f"crit.out_proj_{i}"] = projs[i]
+        elif own in ckpt.entries:
+            out[f"crit.out_proj_{i}"] = _t(read(own).T)
+        else:
+            out[f"crit.out_proj_{i}"] = torch.eye(cfg.d_model, table.shape[1])
+    # TF's head puts cluster i's logit at position cutoffs[0] + i − 1; the PyTorch code (ours) reads it at −i
+    out["crit.cluster_weight"] = _t(read(f"{soft}/cutoff_0/cluster_W")[::-1])
+    out["crit.cluster_bias"] = _t(read(f"{soft}/cutoff_0/cluster_b")[::-1])
+    return out
 
 
 def load_tf(prefix: str | os.PathLike, layout: Layout, *, verify: bool = True) -> TransformerXL:
     """The released model as our `TransformerXL` (float32, eval mode), with TF's layer-norm ε."""
     with TFCheckpoint(prefix, verify=verify) as ckpt:
         cfg = config_of(ckpt, layout)
-        with torch.device("meta"):
-            model = TransformerXL(cfg)
+        # built for real and loaded by copy, not on the meta device with `assign`: the adaptive softmax keeps its
+        # projections in a plain list too (repro.nn.adaptive), which an assigned Parameter would leave behind
+        model = TransformerXL(cfg)
         state = state_dict_of(ckpt, model, layout)
     ours = model.state_dict()
     missing = sorted(set(ours) - set(state))
@@ -156,7 +181,7 @@ def load_tf(prefix: str | os.PathLike, layout: Layout, *, verify: bool = True) -
         if tuple(v.shape) != tuple(ours[k].shape):
             raise CheckpointError(f"converting {prefix}: {k} is {tuple(v.shape)} in the checkpoint, "
                                   f"{tuple(ours[k].shape)} in our model: the layout's n_head/d_head do not match")
-    model.load_state_dict(state, assign=True)
+    model.load_state_dict(state)
     for m in model.modules():
         if isinstance(m, nn.LayerNorm):
             m.eps = TF_LAYER_NORM_EPS

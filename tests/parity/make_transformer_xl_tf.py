@@ -26,6 +26,8 @@ Cases (released layouts, `tf/sota/*.sh` with `train_gpu.py`'s flags mapped onto 
 - `wt103`: untie_r True ([n_layer, n_head, d_head]), div_val 4, cutoffs [10, 20, 30] of n_token 40,
   proj_share_all_but_first True (tie_projs [False, True, True, True]), proj_same_dim True (the default: cluster 0
   gets proj_W / proj although its width equals d_model), clamp_len and same_length as released;
+- `wt103_shared_r`, `lm1b_shared_r`: the two above with untie_r False, so that their adaptive input and softmax
+  are checked on their own;
 - `lm1b`: untie_r True, div_val 4, cutoffs [10, 20, 30], proj_share_all_but_first False, proj_same_dim False (no
   projection where the cluster width equals d_model: cluster 0 of the input and of the softmax), clamp_len -1,
   same_length True.
@@ -145,6 +147,16 @@ CASES = {
                             cutoffs=[10, 20, 30], div_val=4, untie_r=True, proj_share_all_but_first=False,
                             proj_same_dim=False, same_length=True, clamp_len=-1),
                  tgt=4, mem=6),
+    # the two adaptive layouts with one pair of attention biases (untie_r False): their embedding and softmax
+    # conversion checked before the backbone holds per-layer biases (appended last: the seeds above stay)
+    "wt103_shared_r": dict(model=dict(n_token=40, n_layer=2, d_model=64, d_embed=64, n_head=2, d_head=4, d_inner=16,
+                                      cutoffs=[10, 20, 30], div_val=4, untie_r=False, proj_share_all_but_first=True,
+                                      proj_same_dim=True, same_length=True, clamp_len=5),
+                           tgt=4, mem=6),
+    "lm1b_shared_r": dict(model=dict(n_token=40, n_layer=2, d_model=64, d_embed=64, n_head=2, d_head=4, d_inner=16,
+                                     cutoffs=[10, 20, 30], div_val=4, untie_r=False, proj_share_all_but_first=False,
+                                     proj_same_dim=False, same_length=True, clamp_len=-1),
+                          tgt=4, mem=6),
 }
 
 

@@ -23,7 +23,8 @@ def _case(name: str):
     meta = json.loads((HERE / name / "fixture.json").read_text())
     args = meta["transformer_args"]
     layout = Layout(n_head=args["n_head"], d_head=args["d_head"], cutoffs=tuple(args["cutoffs"]),
-                    div_val=args["div_val"], untie_r=args["untie_r"], proj_same_dim=args["proj_same_dim"])
+                    div_val=args["div_val"], untie_r=args["untie_r"], proj_same_dim=args["proj_same_dim"],
+                    proj_share_all_but_first=meta["train_gpu_flags"]["proj_share_all_but_first"])
     # time-major [segment][T][B] in the fixture; batch-first here
     segments = [(torch.tensor(x).T.contiguous(), torch.tensor(y).T.contiguous())
                 for x, y in zip(meta["inputs"], meta["targets"])]
@@ -32,13 +33,16 @@ def _case(name: str):
     return meta, layout, segments, losses, protocol
 
 
-def test_the_enwik8_layout_gives_the_authors_tf_losses():
-    meta, layout, segments, losses, protocol = _case("enwik8")
-    assert len(segments) >= 3 and protocol.same_length and protocol.clamp_len > 0
-    model = load_tf(HERE / "enwik8" / meta["checkpoint"], layout)
+@pytest.mark.parametrize("case", ["enwik8", "wt103_shared_r", "lm1b_shared_r"])
+def test_the_released_layouts_give_the_authors_tf_losses(case):
+    """enwik8/text8 as released; the WikiText-103 and One Billion Word layouts' adaptive input and softmax (div_val
+    4, tied or own projections, the identity where TF has none, TF's cluster order) with one pair of biases."""
+    meta, layout, segments, losses, protocol = _case(case)
+    assert len(segments) >= 3 and protocol.same_length
+    model = load_tf(HERE / case / meta["checkpoint"], layout)
     ours = tf_protocol_nll(model, segments, protocol)
     for k, (a, b) in enumerate(zip(ours, losses)):
-        torch.testing.assert_close(a, b, rtol=0, atol=TOLERANCE, msg=f"segment {k}")
+        torch.testing.assert_close(a, b, rtol=0, atol=TOLERANCE, msg=f"{case} segment {k}")
 
 
 def test_the_pytorch_same_length_window_is_not_tfs():
