@@ -42,6 +42,12 @@ CASES = {
     "attn3_shortmem_adaptive": dict(attn_type=3, tgt_len=4, mem_len=3, cutoffs=[8, 16], div_val=2,
                                     tie_projs=[False, True, True]),
     "attn3_clamp_samelength": dict(attn_type=3, tgt_len=3, mem_len=5, clamp_len=2, same_length=True),
+    # LaMemo beyond its training memory (where the arena's lamemo loses bpc): trained at mem_len 4, evaluated at 16
+    # over 7 segments, so that the memory fills and slides. Their `reset_length` leaves each attention layer's own
+    # mem_len (which cuts the log-normalisers' memory) at the training value, and the next segment then fails
+    # (`torch.stack([mem_denom, denom])` of unequal lengths); the weights do not depend on mem_len, so their model
+    # is built at the evaluation memory, as trained weights are evaluated by loading them into it
+    "attn3_evalmem4x": dict(attn_type=3, tgt_len=4, mem_len=4, eval_mem_len=16, segments=7),
 }
 
 # configs/lamemo/paper/*.yaml at their scripts' settings (run_{wt103,enwik8,text8}_base_ddp.sh; train_ddp.py:
@@ -72,8 +78,12 @@ def build(mt, *, attn_type, tgt_len, mem_len, n_token=N_TOKEN, n_layer=N_LAYER, 
 
 
 def run_case(mt, name: str, settings: dict, commit: str) -> None:
+    settings = dict(settings)
+    eval_mem_len, segments = settings.pop("eval_mem_len", None), settings.pop("segments", SEGMENTS)
+    if eval_mem_len is not None:  # built at the evaluation memory (see the case's comment)
+        settings = {**settings, "mem_len": eval_mem_len, "train_mem_len": settings["mem_len"]}
     torch.manual_seed(0)
-    model = build(mt, **settings)
+    model = build(mt, **{k: v for k, v in settings.items() if k != "train_mem_len"})
     enlarge_(model, std=0.2, seed=1)
     model.eval()
     # their adaptive softmax writes per-token losses in cluster order unless keep_order (the sum is the same);
@@ -81,14 +91,14 @@ def run_case(mt, name: str, settings: dict, commit: str) -> None:
     model.crit.keep_order = True
     t = settings["tgt_len"]
     g = torch.Generator().manual_seed(2)
-    stream = torch.randint(0, N_TOKEN, (B, SEGMENTS * t + 1), generator=g)
-    tokens = stream[:, :-1].reshape(B, SEGMENTS, t).transpose(0, 1).contiguous()  # (S, B, T)
-    target = stream[:, 1:].reshape(B, SEGMENTS, t).transpose(0, 1).contiguous()
+    stream = torch.randint(0, N_TOKEN, (B, segments * t + 1), generator=g)
+    tokens = stream[:, :-1].reshape(B, segments, t).transpose(0, 1).contiguous()  # (S, B, T)
+    target = stream[:, 1:].reshape(B, segments, t).transpose(0, 1).contiguous()
     tensors = {f"weight.{k}": v for k, v in model.state_dict().items() if not k.endswith(IGNORED_BUFFERS)}
     tensors["input.tokens"], tensors["input.target"] = tokens, target
     losses, mems, flat, shapes = [], (), [], []
     with torch.no_grad():
-        for s in range(SEGMENTS):
+        for s in range(segments):
             out, _ = model(tokens[s].t().contiguous(), target[s].t().contiguous(), *mems)
             losses.append(out[0].t())  # their (T, B) -> (B, T)
             mems = tuple(out[1:])
@@ -98,7 +108,7 @@ def run_case(mt, name: str, settings: dict, commit: str) -> None:
     tensors["output.loss"] = torch.stack(losses)
     tensors["output.mems"] = torch.cat(flat)
     meta = {"repo": "thu-coai/LaMemo", "commit": commit, "case": name, "n_token": N_TOKEN, "d_model": D,
-            "n_head": H, "d_head": E, "d_inner": D_INNER, "n_layer": N_LAYER, "segments": SEGMENTS,
+            "n_head": H, "d_head": E, "d_inner": D_INNER, "n_layer": N_LAYER, "segments": segments,
             "pre_lnorm": False, "clamp_len": -1, "same_length": False, "cutoffs": [], "div_val": 1,
             "tie_projs": [False], "mem_shapes": shapes} | settings
     save_fixture(OUT / f"{name}.pt", tensors, meta)
@@ -157,17 +167,23 @@ def param_counts(mt, commit: str) -> None:
     print(counts)
 
 
-def main(checkout: Path) -> None:
+def main(checkout: Path, only: list[str] | None = None) -> None:
+    """Every fixture, or only the cases named (a new case written without rewriting the committed ones)."""
     commit = checkout_commit(checkout)
+    unknown = sorted(set(only or []) - set(CASES))
+    if unknown:
+        raise SystemExit(f"no case {', '.join(unknown)}: the cases are {', '.join(CASES)}")
     with on_path(checkout / "pytorch"), on_path(checkout / "pytorch" / "utils"):
         mt = _import(checkout)
         for name, settings in CASES.items():
-            run_case(mt, name, settings, commit)
-        run_grad_case(mt, commit)
-        param_counts(mt, commit)
+            if not only or name in only:
+                run_case(mt, name, settings, commit)
+        if not only:
+            run_grad_case(mt, commit)
+            param_counts(mt, commit)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python tests/parity/make_lamemo.py CHECKOUT  (a clone of thu-coai/LaMemo)")
-    main(Path(sys.argv[1]))
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python tests/parity/make_lamemo.py CHECKOUT [CASE ...]  (a clone of thu-coai/LaMemo)")
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -186,6 +186,10 @@ def test_fixtures_cover_every_variant_and_setting():
     assert any(m["clamp_len"] > 0 for m in metas) and any(m["cutoffs"] for m in metas)
     assert any(m["mem_len"] > m["tgt_len"] for m in metas if m["attn_type"] == 33)
     assert any(m["mem_len"] < m["tgt_len"] for m in metas)
+    # LaMemo evaluated beyond its training memory (the arena's lamemo loses bpc there): the paper's attn_type 3 at
+    # 4× the memory it was built to train with, the memory filled and sliding (more segments than it holds)
+    assert any(m["attn_type"] == 3 and m.get("train_mem_len") and m["mem_len"] >= 4 * m["train_mem_len"]
+               and m["segments"] * m["tgt_len"] > m["mem_len"] for m in metas)
     assert all(m["repo"] == "thu-coai/LaMemo" and len(m["commit"]) == 40 for m in metas)
 
 
