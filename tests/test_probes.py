@@ -1,4 +1,4 @@
-"""The memory probes (`repro.data.probes`): every scored answer is what the evidence says, checked by reading the
+"""The memory probes (`papers.arena.probes`): every scored answer is what the evidence says, checked by reading the
 evidence back independently; the evidence sits at least `distance` tokens before its question and nothing between
 them is a key or a value; builds are deterministic, checked and refused on mismatch; served as the sorting task is."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from repro.data import probes
-from repro.data.probes import ProbeDataModule, ProbeSpec
+from papers.arena import probes
+from papers.arena.probes import ProbeDataModule, ProbeSpec
 
 
 @pytest.mark.parametrize("distance", [0, 5, 300])

@@ -1,5 +1,5 @@
 """Memory probes: tasks whose evidence sits a chosen distance before the question, so that only what a memory carries
-across segments can answer (the arena's testbed; `configs/arena/*/probe_*.yaml`).
+across segments can answer (the arena's testbed).
 
 Two kinds, generated here, each example a token sequence whose last part asks and is scored:
 - `mqar`, multi-query associative recall (Zoology's MQAR, Arora et al. 2023, "Zoology: measuring and improving
