@@ -8,8 +8,8 @@
 
 Follows `huggingface_hub.PyTorchModelHubMixin` (its `save_pretrained`/`from_pretrained`/`push_to_hub`: the
 constructor's arguments as `config.json`, the state dict as safetensors, tied weights stored once). Differs: what
-is built is one of this repository's modules (`module_class`, a `repro.lm.SegmentLM` of `papers.*` or `repro.*`,
-with the plain hyper-parameters it saves itself), never a class the file names outside those packages; the
+is built is one of this repository's modules (`module_class`, a `repro.lm.SegmentLM` of a package at the
+checkout's root, with the plain hyper-parameters it saves itself), never a class the file names elsewhere; the
 vocabulary (`symbols`, in id order) or the pretrained tokenizer's name travels in the same config, so that a test
 or a generation needs no corpus beside it. Written by `python -m repro.cli.export`.
 """
@@ -17,22 +17,28 @@ or a generation needs no corpus beside it. Written by `python -m repro.cli.expor
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from repro.lm import SegmentLM
 
-PACKAGES = ("papers.", "repro.")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: the packages whose classes an export may name
+
+
+def _ours(module: str) -> bool:
+    top = module.split(".")[0]
+    return bool(top) and top != "tests" and (ROOT / top / "__init__.py").is_file()
 
 
 def resolve_module_class(path: str) -> type[SegmentLM]:
-    """The LightningModule class `path` names (`papers.transformer_xl.module.TransformerXLLM`), refused in one line
-    unless it is a `SegmentLM` of this repository's packages."""
+    """The LightningModule class `path` names, refused in one line unless it is a `SegmentLM` of one of this
+    repository's packages."""
     mod, _, name = path.rpartition(".")
-    if not mod.startswith(PACKAGES):
-        raise ValueError(f"an exported model's module_class must be one of this repository's ({', '.join(PACKAGES)}"
-                         f"…), not {path!r}")
+    if not _ours(mod):
+        raise ValueError(f"an exported model's module_class must be one of this repository's packages ({ROOT}), "
+                         f"not {path!r}")
     try:
         cls = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as err:
