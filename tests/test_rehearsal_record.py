@@ -127,11 +127,16 @@ def test_a_rerun_replaces_its_steps_and_keeps_the_others():
 
 
 def test_the_record_holds_every_steps_inputs_and_the_commit():
+    """Every step names its inputs, each with a digest in `files`; a step's hash is that of those digests unless a
+    later merge moved a file it shares with the steps rerun (a rerun cut short leaves such steps): it then reads
+    stale, never fresh."""
     summary = _summary()
     assert len(summary["commit"]) >= 40 and summary["stages"]
+    _, stale, _ = rehearsal_record.current_state(ROOT)
     for s in summary["stages"]:
         assert s["inputs"] and all(f in summary["files"] for f in s["inputs"]), s["stage"]
-        assert s["inputs_sha256"] == rehearsal_record.inputs_sha256({f: summary["files"][f] for f in s["inputs"]})
+        if s["inputs_sha256"] != rehearsal_record.inputs_sha256({f: summary["files"][f] for f in s["inputs"]}):
+            assert s["stage"] in stale, s["stage"]
 
 
 def test_the_recorded_steps_passed_within_the_machines_limits():
