@@ -38,7 +38,7 @@ def memory_length(mems: list[torch.Tensor] | None) -> int:
 class MemoryMechanism(nn.Module):
     """One memory mechanism of a segment-recurrent Transformer, composable with others in one layer loop.
 
-    The loop (the memory arena's `papers/arena/model.py`) keeps Transformer-XL's short memory itself: per layer
+    The loop (Transformer-XL's, `papers/transformer_xl/model.py`) keeps the short memory itself: per layer
     the last `mem_len` inputs of the layer. A mechanism adds to it through four hooks, each called per layer `i`
     with that layer's `state` (a tuple of `len(slots)` batch-first tensors):
 
@@ -54,15 +54,21 @@ class MemoryMechanism(nn.Module):
     `context_len` is the most rows `context` returns (the evaluation's `same_length` counts them as memory).
 
     A mechanism may also own the layer step (`owns_layer_step`, LaMemo's look-ahead refresh of the memory rows);
-    at most one of a model may. `aux_losses()` gives the weighted auxiliary losses of the last forward pass
-    (added to the NLL as they are). State tensors are detached and batch-first, so that checkpoints save them and
-    DDP re-shards them like Transformer-XL's memory; `empty(batch, like)` gives one layer's state before the first
-    segment.
+    at most one of a model may, and it then runs the backbone's layers itself (`layer_step`). A mechanism may give
+    the attention the backbone's layers are built with (`layer_attention`, a class method: it is called before the
+    mechanism exists, the backbone drawing its weights first). `aux_losses()` gives the weighted auxiliary losses
+    of the last forward pass (added to the NLL as they are). State tensors are detached and batch-first, so that
+    checkpoints save them and DDP re-shards them like Transformer-XL's memory; `empty(batch, like)` gives one
+    layer's state before the first segment.
 
     A new mechanism is one file: a subclass registered by name (`@register("name")`), then named in a config.
     """
 
     slots: tuple[str, ...] = ()
+    # how the per-layer states lie in the model's flat memory: "by_slot" (every layer's first slot, then every
+    # layer's second: the ∞-former's and the compressive memory's) or "by_layer" (layer 0's slots, then layer 1's:
+    # LaMemo's), each paper's own layout, so that its checkpoints keep their memory
+    layout = "by_slot"
     owns_layer_step = False
     context_len = 0
 
@@ -89,6 +95,29 @@ class MemoryMechanism(nn.Module):
 
     def aux_losses(self) -> dict[str, torch.Tensor]:
         return {}
+
+    @classmethod
+    def layer_attention(cls, cfg, **options) -> nn.Module | None:
+        """The attention module of one backbone layer when this mechanism is in the model, or None (the backbone's
+        own); `options` are the mechanism's config options."""
+        return None
+
+    def layer_step(self, model: nn.Module, *, emb_BTD: torch.Tensor, short: list[torch.Tensor],
+                   states: list[list[tuple[torch.Tensor, ...]]], reads: list, mem_len: int, clamp_len: int,
+                   same_length: bool):
+        """The layer loop of a mechanism that owns it (`owns_layer_step`), over `model.layers`: from the segment's
+        embeddings (dropout not yet applied), the short memory the mechanism keeps (`short`), every mechanism's
+        per-layer states (`states`, in the model's order; this mechanism's own among them) and the other
+        mechanisms' reads per layer (`reads[i]`: None or a function of the attention's input). Returns (output,
+        next short memory, the layers' inputs, the rows each layer's memory evicted, this mechanism's next
+        per-layer states)."""
+        raise NotImplementedError(f"{type(self).__name__} owns no layer step")
+
+
+def defines(mechanism: MemoryMechanism | type[MemoryMechanism], hook: str) -> bool:
+    """Whether a mechanism (or its class) overrides one of the interface's hooks."""
+    cls = mechanism if isinstance(mechanism, type) else type(mechanism)
+    return getattr(cls, hook) is not getattr(MemoryMechanism, hook)
 
 
 MECHANISMS: dict[str, type[MemoryMechanism]] = {}

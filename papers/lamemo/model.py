@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.memory import evict_oldest
+from repro.memory import MemoryMechanism, evict_oldest, register
 from repro.nn.attention import (
     RelPartialLearnableAttention,
     causal_mask,
@@ -256,60 +256,44 @@ def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, bias_TK, pos, recur
 
 
 class LaMemo(TransformerXL):
-    """`TransformerXL` with look-ahead memory. Memory: [embeddings (B,M,D)] + per layer [vectors (B,M,H,E),
-    log-normalisers (B,M,H)]; with `look_ahead: false`, Transformer-XL's memory (one (B,M,D) per layer)."""
-
-    supports_kv_memory = False  # the refreshed memory changes every segment: no cached keys and values
+    """`TransformerXL` with the look-ahead memory (`LookAhead`) in its loop. Memory: [embeddings (B,M,D)] + per
+    layer [vectors (B,M,H,E), log-normalisers (B,M,H)]; with `look_ahead: false`, Transformer-XL's memory (one
+    (B,M,D) per layer)."""
 
     def __init__(self, cfg: TransformerXLConfig, lamemo: LaMemoConfig = LaMemoConfig()):
         if cfg.attention != "relative":
             raise ValueError("LaMemo builds on relative attention: set model.attention: relative")
         self.__dict__["_lamemo"] = lamemo  # read by make_attention during the backbone's construction
-        super().__init__(cfg)
+        super().__init__(cfg, [(LookAhead, {"variant": lamemo.variant})] if lamemo.look_ahead else [])
         self.lamemo = lamemo
-        # Xavier uniform, as the reference leaves them: its `weights_init` redraws u and v as N(0, init_std)
-        # (the backbone's init, ours too) but not the look-ahead biases (train_ddp.py, `weights_init`)
-        if lamemo.look_ahead and lamemo.variant in ("disentangled", "disentangled_v2", "full"):
-            self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
-        if lamemo.look_ahead and lamemo.variant == "disentangled_v2":
-            self.r_w_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+        self.register_load_state_dict_pre_hook(_renamed_future_biases)
+
+    @property
+    def supports_kv_memory(self) -> bool:
+        return False  # the refreshed memory changes every segment: no cached keys and values
 
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
         lamemo: LaMemoConfig = self.__dict__["_lamemo"]
         return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
                                full=lamemo.look_ahead and lamemo.variant == "full")
 
+    def __getattr__(self, name: str):
+        if name in ("r_r_bias_future", "r_w_bias_future"):  # the look-ahead's biases, held by its mechanism
+            mechanisms = self._modules.get("mechanisms")
+            if mechanisms is not None and len(mechanisms) and hasattr(mechanisms[0], name):
+                return getattr(mechanisms[0], name)
+        return super().__getattr__(name)
+
     def memory_layout(self, batch: int, device=None, dtype=torch.float32) -> list[torch.Tensor]:
         """The empty memory of a split's first segment."""
-        c = self.cfg
-        out = [torch.empty(batch, 0, c.d_model, device=device, dtype=dtype)]
-        for _ in self.layers:
-            out += [torch.empty(batch, 0, c.n_head, c.d_head, device=device, dtype=dtype),
-                    torch.empty(batch, 0, c.n_head, device=device, dtype=torch.float32)]
-        return out
+        return self.empty_memory(batch, torch.empty(0, device=device, dtype=dtype))
 
-    def forward(self, tokens_BT, mems, *, mem_len, clamp_len=-1, same_length=False, kv_memory=False):
-        """Hidden states of the segment (B, T, D) and the next memory (see the class docstring)."""
-        if kv_memory:
-            raise ValueError("LaMemo has no key/value evaluation memory (its memory is refreshed every segment)")
-        if not self.lamemo.look_ahead:
-            return super().forward(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
-        b, t = tokens_BT.shape
-        emb = self.word_emb(tokens_BT)
-        if not mems:
-            mems = self.memory_layout(b, device=emb.device, dtype=emb.dtype)
-        if len(mems) != 1 + 2 * len(self.layers):
-            raise ValueError(f"a LaMemo memory has 1 + 2 × {len(self.layers)} tensors, got {len(mems)} (a memory "
-                             "of another model?)")
-        m = mems[0].shape[1]
-        v_fut = self.r_r_bias if self.lamemo.variant == "txl" else self.r_r_bias_future
-        u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
-        pos, bias_TK = look_ahead_inputs(self, m, t, variant=self.lamemo.variant, u_fut=u_fut, v_fut=v_fut,
-                                         clamp_len=clamp_len, same_length=same_length, mem_len=mem_len, like=emb)
-        recur = [(mems[1 + 2 * i], mems[2 + 2 * i]) for i in range(len(self.layers))]
-        h, emb_mem, states = look_ahead_layers(self.layers, self.drop(emb), mems[0], recur, pos=pos, bias_TK=bias_TK,
-                                               mem_len=mem_len)
-        return self.drop(h), [emb_mem] + [x for state in states for x in state]
+
+def _renamed_future_biases(module, state_dict, prefix, *args) -> None:
+    """Checkpoints of LaMemo before its look-ahead became a mechanism held the future biases at the top."""
+    for name in ("r_r_bias_future", "r_w_bias_future"):
+        if prefix + name in state_dict:
+            state_dict[prefix + "mechanisms.0." + name] = state_dict.pop(prefix + name)
 
 
 def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_fut, v_fut, clamp_len: int,
@@ -366,3 +350,61 @@ def look_ahead_layers(layers, h_BTD, emb_mem_BMD, recur, *, pos, bias_TK, mem_le
             lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
         states.append((vec.detach(), lse.detach()))
     return h, emb_next, states
+
+
+@register("look_ahead")
+class LookAhead(MemoryMechanism):
+    """LaMemo's look-ahead memory as a mechanism of the backbone's loop: it owns the layer step
+    (`look_ahead_layers`). The short memory it keeps is the embedding memory (the layer-0 input of the memory
+    rows); state per layer: (attention vectors (B, M, H, E), log-normalisers (B, M, H) float32) of the memory rows,
+    laid out by layer as the reference's memory. Other mechanisms read on the current rows and receive, per layer,
+    the layer's inputs of the rows leaving the memory."""
+
+    slots = ("vectors", "lse")
+    layout = "by_layer"
+    owns_layer_step = True
+
+    def __init__(self, cfg: TransformerXLConfig, variant: str = "disentangled"):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"look_ahead.variant is one of {', '.join(VARIANTS)}, got {variant!r}")
+        if cfg.attention != "relative":
+            raise ValueError("the look-ahead memory builds on relative attention: set model.attention: relative")
+        self.variant = variant
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        # Xavier uniform, as LaMemo (the reference's `weights_init` leaves the look-ahead biases as drawn)
+        if variant in ("disentangled", "disentangled_v2", "full"):
+            self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+        if variant == "disentangled_v2":
+            self.r_w_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+
+    @classmethod
+    def layer_attention(cls, cfg: TransformerXLConfig, variant: str = "disentangled") -> nn.Module:
+        """The attention the backbone's layers are built with."""
+        return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
+                               full=variant == "full")
+
+    def layer_step(self, model, *, emb_BTD, short, states, reads, mem_len, clamp_len, same_length):
+        """LaMemo's layer loop (`papers.lamemo.model.look_ahead_layers`) with the other mechanisms' reads: the
+        memory rows refreshed layer by layer; the short memory is the one embedding memory."""
+        index = next(k for k, m in enumerate(model.mechanisms) if m is self)
+        emb_mem = short[0]
+        u_fut, v_fut = self.future_biases(model)
+        pos, bias_TK = look_ahead_inputs(model, emb_mem.shape[1], emb_BTD.shape[1], variant=self.variant,
+                                         u_fut=u_fut, v_fut=v_fut, clamp_len=clamp_len, same_length=same_length,
+                                         mem_len=mem_len, like=emb_BTD)
+        evicted, inputs = [], []
+        h, emb_next, own = look_ahead_layers(model.layers, model.drop(emb_BTD), emb_mem, states[index], pos=pos,
+                                             bias_TK=bias_TK, mem_len=mem_len, reads=reads, evicted=evicted,
+                                             inputs=inputs)
+        return h, [emb_next], inputs, evicted, own
+
+    def empty(self, batch, like):
+        return (like.new_empty(batch, 0, self.n_head, self.d_head),
+                like.new_empty(batch, 0, self.n_head).float())
+
+    def future_biases(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u₊, v₊): the look-ahead's content and position biases for the variant."""
+        v_fut = model.r_r_bias if self.variant == "txl" else self.r_r_bias_future
+        u_fut = self.r_w_bias_future if self.variant == "disentangled_v2" else model.r_w_bias
+        return u_fut, v_fut
