@@ -52,7 +52,7 @@ def test_compressive_is_the_compressive_transformer():
     comp = CompressiveConfig(rate=2, cmem_len=6)
     ref = CompressiveTransformer(cfg, comp)
     arena = Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}])
-    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.startswith("compressors.") else k)
+    _copy(ref, arena)
     a, ma, aux_a = _run(ref, _tokens())
     b, mb, aux_b = _run(arena, _tokens())
     _close(a, b)
@@ -97,13 +97,12 @@ def test_look_ahead_is_lamemo(variant):
     cfg = TransformerXLConfig(**SMALL)
     ref = LaMemo(cfg, LaMemoConfig(variant=variant))
     arena = Arena(cfg, [{"name": "look_ahead", "variant": variant}])
-    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.endswith("_future") else k)
+    _copy(ref, arena)
     a, ma, _ = _run(ref, _tokens())
     b, mb, _ = _run(arena, _tokens())
     _close(a, b)
     _assert_it_matters(arena, b)
-    n = cfg.n_layer  # LaMemo interleaves (vectors, lse) by layer; the arena groups them by slot
-    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+    _close(ma, mb)
 
 
 def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
@@ -115,8 +114,7 @@ def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
     ltm = dict(n_basis=16, n_samples=8)
     ref = LaMemo(cfg, LaMemoConfig())
     arena = Arena(cfg, [{"name": "look_ahead"}, {"name": "ltm", **ltm}])
-    state = {("mechanisms.0." + k if k.endswith("_future") else k): v for k, v in ref.state_dict().items()}
-    missing, unexpected = arena.load_state_dict(state, strict=False)
+    missing, unexpected = arena.load_state_dict(ref.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("mechanisms.1.") for k in missing)
     heard = _run(arena, _tokens())[0]
     with torch.no_grad():
@@ -126,11 +124,10 @@ def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
     a, ma, _ = _run(ref, _tokens())
     b, mb, _ = _run(arena, _tokens())
     _close(a, b)
-    n = cfg.n_layer
-    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+    _close(ma, mb[: len(ma)])  # the short memory, then LaMemo's (vectors, lse) layer by layer, then the LTM's
     assert (heard[-1] - b[-1]).abs().max() > 1e-2  # with its weights, the long-term memory moves the output
     # the pending rows of layer 0: the embeddings of the segment-before-last's tokens that left the memory
-    pending0 = mb[1 + 2 * n]
+    pending0 = mb[1 + 2 * cfg.n_layer]
     tokens = _tokens()
     stream = torch.cat(list(tokens), dim=1)  # (B, SEGMENTS · T)
     total, keep_from = SEGMENTS * T, SEGMENTS * T - MEM

@@ -31,14 +31,12 @@ def _pair(name: str):
         return TransformerXL(cfg), Arena(cfg), lambda k: k
     if name == "compressive":
         return (CompressiveTransformer(cfg, CompressiveConfig(rate=2, cmem_len=6)),
-                Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}]),
-                lambda k: "mechanisms.0." + k if k.startswith("compressors.") else k)
+                Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}]), lambda k: k)
     if name.startswith("ltm_"):
         opts = dict(n_basis=16, n_samples=8, sampling=name[4:], n_bins=4, kl_weight=0.1)
         return InfinityFormer(cfg, LTMConfig(**opts)), Arena(cfg, [{"name": "ltm", **opts}]), _ltm_rename
     variant = name.split("_", 1)[1]
-    return (LaMemo(cfg, LaMemoConfig(variant=variant)), Arena(cfg, [{"name": "look_ahead", "variant": variant}]),
-            lambda k: "mechanisms.0." + k if k.endswith("_future") else k)
+    return LaMemo(cfg, LaMemoConfig(variant=variant)), Arena(cfg, [{"name": "look_ahead", "variant": variant}]), lambda k: k
 
 
 def _grads(model, rename=lambda k: k) -> dict[str, torch.Tensor]:

@@ -273,7 +273,7 @@ class TransformerXL(nn.Module):
         same outputs without re-projecting the whole memory at every segment."""
         if self.mechanisms:
             if kv_memory:
-                raise ValueError("a model with memory mechanisms keeps hidden states; evaluate without kv_memory")
+                raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with kv_memory=False")
             return self._forward_mechanisms(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len,
                                             same_length=same_length)
         if kv_memory and (self.training or torch.is_grad_enabled() or self.cfg.attention != "relative"):
@@ -323,10 +323,12 @@ class TransformerXL(nn.Module):
     def _unpack(self, mems: list[torch.Tensor]):
         n = len(self.layers)
         n_short = 1 if self.owner is not None else n
-        expected = n_short + n * sum(len(m.slots) for m in self.mechanisms)
+        slots = sum(len(m.slots) for m in self.mechanisms)
+        expected = n_short + n * slots
         if len(mems) != expected:
-            raise ValueError(f"the memory holds {len(mems)} tensors, this model expects {expected}: it comes from "
-                             "another model; start with an empty memory")
+            raise ValueError(f"the memory holds {len(mems)} tensors, this model expects {expected} = {n_short} + "
+                             f"{n} × {slots} tensors (the short memory, then per layer the mechanisms' slots): it "
+                             "comes from another model; start with an empty memory")
         short, off, states = list(mems[:n_short]), n_short, []
         for mech in self.mechanisms:
             k = len(mech.slots)
