@@ -56,10 +56,11 @@ class MemoryMechanism(nn.Module):
     A mechanism may also own the layer step (`owns_layer_step`, LaMemo's look-ahead refresh of the memory rows);
     at most one of a model may, and it then runs the backbone's layers itself (`layer_step`). A mechanism may give
     the attention the backbone's layers are built with (`layer_attention`, a class method: it is called before the
-    mechanism exists, the backbone drawing its weights first). `aux_losses()` gives the weighted auxiliary losses
-    of the last forward pass (added to the NLL as they are). State tensors are detached and batch-first, so that
-    checkpoints save them and DDP re-shards them like Transformer-XL's memory; `empty(batch, like)` gives one
-    layer's state before the first segment.
+    mechanism exists, the backbone drawing its weights first), and keep a module in each layer's attention
+    (`layer_module`). `aux_losses()` gives the weighted auxiliary losses of the last forward pass (added to the NLL
+    as they are), `diagnostics` its unweighted measurements (logged, never added). State tensors are detached and
+    batch-first, so that checkpoints save them and DDP re-shards them like Transformer-XL's memory;
+    `empty(batch, like)` gives one layer's state before the first segment.
 
     A new mechanism is one file: a subclass registered by name (`@register("name")`), then named in a config.
     """
@@ -71,6 +72,10 @@ class MemoryMechanism(nn.Module):
     layout = "by_slot"
     owns_layer_step = False
     context_len = 0
+    # the name of the module `layer_module` gives, in each layer's attention (`layers.<i>.attn.<name>`)
+    layer_module_name = ""
+    # the last forward pass's unweighted measurements; a mechanism that measures assigns a new dict each pass
+    diagnostics: dict[str, torch.Tensor] = {}
 
     def begin(self) -> None:
         return None
@@ -95,6 +100,14 @@ class MemoryMechanism(nn.Module):
 
     def aux_losses(self) -> dict[str, torch.Tensor]:
         return {}
+
+    @classmethod
+    def layer_module(cls, cfg, **options) -> nn.Module | None:
+        """A module this mechanism keeps in each backbone layer's attention, under `layer_module_name`, or None: built
+        with the layer, it draws its weights with the layer's and the backbone initialises it as its own (the
+        ∞-former's long-term memory, which its paper puts inside the attention). `read` finds it on
+        `layer.attn`."""
+        return None
 
     @classmethod
     def layer_attention(cls, cfg, **options) -> nn.Module | None:

@@ -18,6 +18,7 @@ Where this differs from the reference (and why):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -169,6 +170,7 @@ class TransformerXL(nn.Module):
             raise ValueError("at most one memory mechanism may own the layer step, got "
                              f"{', '.join(c.__name__ for c, _ in owners)}")
         self._owner_spec = owners[0] if owners else None  # read by make_attention, while the layers are built
+        self.__dict__["_specs"] = specs  # read by _layer_attention, for the mechanisms' per-layer modules
         self.cfg = cfg
         # `repro fit --run.checkpoint_layers true`: each layer's activations recomputed in the backward pass
         self.checkpoint_layers = False
@@ -176,7 +178,7 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
                                           cutoffs=cfg.cutoffs, div_val=cfg.div_val)
         self.drop = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_attention(cfg)) for _ in range(cfg.n_layer))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self._layer_attention(cfg)) for _ in range(cfg.n_layer))
         if cfg.attention == "relative":
             self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # u
             self.r_r_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # v
@@ -202,10 +204,44 @@ class TransformerXL(nn.Module):
         """The mechanisms' weighted auxiliary losses of the last forward pass (none without mechanisms)."""
         return dict(self._aux)
 
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """The mechanisms' unweighted diagnostics of the last forward pass (`MemoryMechanism.diagnostics`)."""
+        return {k: v for m in self.mechanisms for k, v in m.diagnostics.items()}
+
+    @contextmanager
+    def measuring_fit(self):
+        """Evaluation forward passes inside also measure what a mechanism measures only when asked (the ∞-former's
+        reconstruction error of its fits, `diagnostics()["regression_error"]`); outside, an evaluation does only the
+        model's work."""
+        measured = [m for m in self.modules() if hasattr(m, "measure_fit")]
+        before = [m.measure_fit for m in measured]
+        for m in measured:
+            m.measure_fit = True
+        try:
+            yield
+        finally:
+            for m, b in zip(measured, before):
+                m.measure_fit = b
+
     def compile_units(self) -> list[nn.Module]:
         """What `SegmentLM.compile_model` compiles: the decoder layers (the embedding and the adaptive softmax stay
         eager)."""
         return list(self.layers)
+
+    def _layer_attention(self, cfg: TransformerXLConfig) -> nn.Module:
+        """One layer's attention (`make_attention`) holding the mechanisms' per-layer modules
+        (`MemoryMechanism.layer_module`), each under the mechanism's `layer_module_name`: built here, they draw their
+        weights with the layer's and are initialised as the backbone's own."""
+        attn = self.make_attention(cfg)
+        for cls, kw in self.__dict__["_specs"]:
+            module = cls.layer_module(cfg, **kw)
+            if module is None:
+                continue
+            if cls.layer_module_name in attn._modules:
+                raise ValueError(f"two memory mechanisms keep a per-layer {cls.layer_module_name!r}: combine at most "
+                                 f"one {cls.__name__}")
+            attn.add_module(cls.layer_module_name, module)
+        return attn
 
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
         """One layer's attention: a layer-step owner's (`MemoryMechanism.layer_attention`), else the backbone's;
@@ -273,7 +309,8 @@ class TransformerXL(nn.Module):
         same outputs without re-projecting the whole memory at every segment."""
         if self.mechanisms:
             if kv_memory:
-                raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with kv_memory=False")
+                raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with "
+                                 "kv_memory=False")
             return self._forward_mechanisms(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len,
                                             same_length=same_length)
         if kv_memory and (self.training or torch.is_grad_enabled() or self.cfg.attention != "relative"):
