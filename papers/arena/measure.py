@@ -125,7 +125,7 @@ def train_flops(module, batches, *, precision: str = "32", device=None) -> dict:
         loss, _ = _train_loss(module, batch, state["mems"], precision, device)
         loss.backward()
 
-    flops = count_flops(step)
+    flops = count_flops(step, module)
     module.zero_grad(set_to_none=True)
     tokens = batch.target.numel()
     return {"per_step": flops, "tokens": tokens, "per_token": flops / tokens, "batch_size": batch.input.shape[0],
@@ -179,7 +179,7 @@ def eval_flops(module, batches, *, precision: str = "32") -> dict:
         with torch.inference_mode(), autocast(device, precision):
             n, full = warm_up(lambda: module._eval_step("test", next(batches)), lambda: _eval_state(module, "test"))
             batch = next(batches)
-            flops = count_flops(lambda: module._eval_step("test", batch))
+            flops = count_flops(lambda: module._eval_step("test", batch), module)
     finally:
         module._eval_start("test")
     return {"per_token": flops / batch.target.numel(), "fill_segments": n, "memory_full": full}

@@ -400,7 +400,7 @@ class ReproCLI(LightningCLI):
         keep_freed_memory(parameters=sum(p.numel() for p in self.model.parameters()), profile=run.get("profile"))
         from repro.nn.attention import set_attention_kernel
 
-        set_attention_kernel(run.get("attention") or "auto")
+        set_attention_kernel(self.model, run.get("attention") or "auto")
         if run.get("compile"):
             self.model.compile_model(mode="reduce-overhead" if run["compile"] == "cudagraphs" else None)
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None

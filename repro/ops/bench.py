@@ -126,7 +126,7 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
     base = {"config": config, "mode": mode, "precision": precision, **environment(dev),
             "parameters": sum(p.numel() for p in module.parameters()), "compile": compile, "attention": attention,
             "optimizer": optimizer}
-    with attention_kernel(attention):
+    with attention_kernel(module, attention):
         if mode == "slowdown":
             return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512],
                              segment, g, base)
@@ -232,7 +232,7 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
                 module.compile_model(undo=eager_forward)
             if mfu:  # one more step at full memory (its update is discarded with the model after the bench)
                 saved = mems
-                flops = count_flops(lambda: step(x, y))
+                flops = count_flops(lambda: step(x, y), module)
                 mems = saved
             with torch.no_grad(), autocast(dev, precision), TensorPeak() as tracker:
                 module(x, mems, lengths, kv_memory=kv)
