@@ -9,6 +9,13 @@ names them and the shared layer knows none of them.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
+import types
+import typing
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -76,6 +83,9 @@ class MemoryMechanism(nn.Module):
     layer_module_name = ""
     # the last forward pass's unweighted measurements; a mechanism that measures assigns a new dict each pass
     diagnostics: dict[str, torch.Tensor] = {}
+    # the dataclass of the mechanism's options (`check_mechanisms` checks a config's against its fields, types and
+    # own checks); None: the keyword parameters of `__init__` after the backbone's config
+    settings: type | None = None
 
     def begin(self) -> None:
         return None
@@ -159,3 +169,82 @@ def evict_oldest(short_BMD: torch.Tensor, new_BTD: torch.Tensor, mem_len: int) -
         cat = torch.cat([short_BMD.to(new_BTD.dtype), new_BTD], dim=1) if short_BMD.shape[1] else new_BTD
         cut = max(0, cat.shape[1] - mem_len)
         return cat[:, cut:].detach(), cat[:, :cut].detach()
+
+
+def _fits(value, hint) -> bool:
+    """Whether a config value (YAML's types: lists for tuples) fits a type hint; hints it cannot judge pass."""
+    origin = typing.get_origin(hint)
+    if hint is typing.Any or isinstance(hint, typing.TypeVar):
+        return True
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is tuple or origin is tuple or hint is list or origin is list:
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value) if args else \
+            isinstance(value, (list, tuple))
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _options(cls: type[MemoryMechanism]) -> dict[str, object]:
+    """A mechanism's options and their type hints: its `settings` dataclass's fields, else its `__init__`'s keyword
+    parameters after the backbone's config."""
+    if cls.settings is not None:
+        hints = typing.get_type_hints(cls.settings)
+        return {f.name: hints.get(f.name, typing.Any) for f in dataclasses.fields(cls.settings)}
+    hints = typing.get_type_hints(cls.__init__)
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, the backbone's config
+    return {p.name: hints.get(p.name, typing.Any) for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_mechanisms(entries, *, key: str = "mechanisms") -> list[tuple[type[MemoryMechanism], dict]]:
+    """The mechanisms a config names, `[{name: …, module: … (optional), …options}]`, checked before anything is
+    built: (class, options) per entry. `module` imports the file that registers a mechanism first. A wrong name,
+    an unknown option, a value of the wrong type or one the mechanism's settings refuse raises a one-line
+    `ValueError` naming the config key (`key[i].option`)."""
+    out = []
+    for i, entry in enumerate(entries or []):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: a mechanism is a mapping {{name: …, …options}}, got {entry!r}")
+        options = dict(entry)
+        name, module = options.pop("name", None), options.pop("module", None)
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                raise ValueError(f"{where}.module: cannot import {module!r} ({err})") from None
+        if name not in MECHANISMS:
+            raise ValueError(f"{where}.name: unknown memory mechanism {name!r}: known are "
+                             f"{', '.join(sorted(MECHANISMS))} (a new one registers with repro.memory.register; "
+                             "name its file under `module:`)")
+        cls = MECHANISMS[name]
+        known = _options(cls)
+        for option, value in options.items():
+            if option not in known:
+                raise ValueError(f"{where}.{option}: {name} has no option {option!r}; its options are "
+                                 f"{', '.join(known) or 'none'}")
+            if not _fits(value, known[option]):
+                hint = getattr(known[option], "__name__", None) or str(known[option]).replace("typing.", "")
+                raise ValueError(f"{where}.{option}: {name} takes {hint}, got {value!r}")
+        if cls.settings is not None:
+            try:
+                cls.settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{where}: {err}") from None
+        out.append((cls, options))
+    return out

@@ -1,37 +1,23 @@
 """The memory arena's model: Transformer-XL's backbone with any composition of memory mechanisms.
 
 The layer loop is the backbone's (`papers.transformer_xl.model.TransformerXL` with `mechanisms`: contexts,
-reads, eviction, writes, and a layer-step owner's own loop); this file turns a config's list into the mechanisms'
-classes and options, and builds MGK's attention where the config asks for its score (`papers/arena/mgk.py`).
+reads, eviction, writes, and a layer-step owner's own loop); this file checks a config's list into the
+mechanisms' classes and options (`repro.memory.check_mechanisms`) and builds MGK's attention where the config asks
+for its score (`papers/arena/mgk.py`).
 
 Mechanisms are named in the config, `mechanisms: [{name: ltm, n_basis: 64, …}, …]`, by the name they registered
 under (`repro.memory.register`); `module: pkg.mod` imports the file that registers a new one first. With one
-mechanism the memory is that paper's model's layout (for LaMemo its slots are grouped by slot, not by layer).
+mechanism the memory is that paper's model's layout, and the contestant is that paper's model.
 """
 
 from __future__ import annotations
-
-import importlib
 
 from torch import nn
 
 from papers.arena import mechanisms as _builtin  # noqa: F401  (registers compressive, ltm, look_ahead)
 from papers.arena.mgk import LookAheadMGKAttention, RelativeMGKAttention
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from repro.memory import MECHANISMS, MemoryMechanism
-
-
-def resolve(entry: dict) -> tuple[type[MemoryMechanism], dict]:
-    """(class, options) of one config entry `{name: …, module: … (optional), …options}`."""
-    entry = dict(entry)
-    name = entry.pop("name", None)
-    module = entry.pop("module", None)
-    if module:
-        importlib.import_module(module)
-    if name not in MECHANISMS:
-        raise ValueError(f"unknown memory mechanism {name!r}: known are {', '.join(sorted(MECHANISMS))} (a new one "
-                         "registers with repro.memory.register; name its file under `module:`)")
-    return MECHANISMS[name], entry
+from repro.memory import check_mechanisms
 
 
 class Arena(TransformerXL):
@@ -47,7 +33,7 @@ class Arena(TransformerXL):
             raise ValueError(f"score.name is mgk (mixture-of-Gaussian keys) or the score is left out (softmax), "
                              f"got {score.get('name')!r}")
         self.__dict__["_score"] = score  # read by make_attention, while the backbone builds its layers
-        super().__init__(cfg, [resolve(e) for e in mechanisms])
+        super().__init__(cfg, check_mechanisms(mechanisms))
         self.score = score
 
     @property

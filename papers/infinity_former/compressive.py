@@ -128,6 +128,7 @@ class CompressiveMemory(MemoryMechanism):
     Transformer-XL's eviction and an empty compressed memory (the model is then Transformer-XL)."""
 
     slots = ("cmem",)
+    settings = CompressiveConfig
 
     def __init__(self, cfg: TransformerXLConfig, **options):
         super().__init__()

@@ -68,6 +68,7 @@ class LongTermMemory(MemoryMechanism):
 
     slots = ("pending", "coef", "hist")
     layer_module_name = "ltm"
+    settings = LTMConfig
 
     def __init__(self, cfg: TransformerXLConfig, config: LTMConfig | dict | None = None, **options):
         super().__init__()
