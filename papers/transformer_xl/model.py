@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from repro.memory import MemoryMechanism, defines, evict_oldest, update_memory
+from repro.memory import MemoryMechanism, defines, evict_oldest
 from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from repro.nn.attention import (
     AbsoluteAttention,
@@ -302,59 +302,54 @@ class TransformerXL(nn.Module):
         same_length: bool = False,
         kv_memory: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the segment (B, T, D) and the next memory (one (B, ≤mem_len, ·) per layer).
+        """Hidden states of the segment (B, T, D) and the next memory: without mechanisms one (B, ≤mem_len, D) per
+        layer, else the layout of the class docstring.
 
         The memory holds each layer's input hidden states (Transformer-XL's h̃). With `kv_memory` (evaluation,
-        relative attention only) it holds each layer's keys and values instead, computed once per position: the
-        same outputs without re-projecting the whole memory at every segment."""
-        if self.mechanisms:
-            if kv_memory:
-                raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with "
-                                 "kv_memory=False")
-            return self._forward_mechanisms(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len,
-                                            same_length=same_length)
+        relative attention, no mechanisms) it holds each layer's keys and values instead, computed once per
+        position: the same outputs without re-projecting the whole memory at every segment. The one layer loop
+        (`_layers`) runs unless a mechanism owns the layer step; then the mechanisms write their next states."""
+        if mem_len < 0:
+            raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
+        if kv_memory and self.mechanisms:
+            raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with "
+                             "kv_memory=False")
         if kv_memory and (self.training or torch.is_grad_enabled() or self.cfg.attention != "relative"):
             raise ValueError("a key/value memory is for evaluation of relative attention, without gradients")
         b, t = tokens_BT.shape
         emb = self.word_emb(tokens_BT)
-        if not mems:
-            shape = (2, b, self.cfg.n_head, 0, self.cfg.d_head) if kv_memory else (b, 0, self.cfg.d_model)
-            mems = [emb.new_empty(shape) for _ in self.layers]
-        m = mems[0].shape[3] if kv_memory else mems[0].shape[1]
-        k = m + t
-        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=emb.device)
-        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
-        pos_KD = pos_KD.to(emb.dtype)
-        layer_mems = mems
-        if self.cfg.attention == "relative":
-            h = self.drop(emb)
-            pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
-        else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
-            h = self.drop(emb + pos_KD[m:])
-            pos = None
-            if m:
-                layer_mems = [mems[0] + pos_KD[:m], *mems[1:]]
-        new = []
-        for layer, mem in zip(self.layers, layer_mems):
-            if kv_memory:
-                h, kv = layer(h, mem_BMD=None, mask_TK=mask_TK, pos=pos, kv_mem=mem)
-                new.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
-            else:
-                new.append(h)
-                if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-                    # activation checkpointing: the layer's activations are recomputed in the backward pass (the
-                    # random state too, so dropout draws the same masks) instead of kept
-                    h, _ = checkpoint(layer, h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, use_reentrant=False)
-                else:
-                    h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
-        new_mems = new if kv_memory else update_memory(mems, new, mem_len=mem_len)
-        return self.drop(h), new_mems
+        for mech in self.mechanisms:
+            mech.begin()
+        short, states = self._unpack(mems if mems else self.empty_memory(b, emb, kv_memory=kv_memory))
+        reads = [self._reader(i, states) for i in range(len(self.layers))]
+        if self.owner is not None:
+            index = list(self.mechanisms).index(self.owner)
+            h, short, inputs, evicted, states[index] = self.owner.layer_step(
+                self, emb_BTD=emb, short=short, states=states, reads=reads, mem_len=mem_len, clamp_len=clamp_len,
+                same_length=same_length)
+        else:
+            h, short, inputs, evicted = self._layers(emb, short, states, reads, mem_len=mem_len,
+                                                     clamp_len=clamp_len, same_length=same_length,
+                                                     kv_memory=kv_memory)
+        new_states = []
+        for mech, per_layer in zip(self.mechanisms, states):
+            if mech is self.owner:
+                new_states.append(per_layer)
+                continue
+            new_states.append([mech.write(i, layer, per_layer[i], evicted[i], inputs[i])
+                               for i, layer in enumerate(self.layers)])
+        self._aux = {}
+        for mech in self.mechanisms:
+            self._aux.update(mech.aux_losses())
+        return self.drop(h), self._pack(short, new_states)
 
     # ------------------------------------------------------------------------------- the loop with mechanisms
-    def empty_memory(self, batch: int, like: torch.Tensor) -> list[torch.Tensor]:
-        """The memory before a stream's first segment, in the layout of the class docstring."""
-        n = len(self.layers)
-        short = [like.new_empty(batch, 0, self.cfg.d_model)] * (1 if self.owner is not None else n)
+    def empty_memory(self, batch: int, like: torch.Tensor, *, kv_memory: bool = False) -> list[torch.Tensor]:
+        """The memory before a stream's first segment, in the layout of the class docstring (with `kv_memory`, per
+        layer an empty (2, B, H, 0, E) of keys and values)."""
+        n, c = len(self.layers), self.cfg
+        shape = (2, batch, c.n_head, 0, c.d_head) if kv_memory else (batch, 0, c.d_model)
+        short = [like.new_empty(shape) for _ in range(1 if self.owner is not None else n)]
         return self._pack(short, [[mech.empty(batch, like)] * n for mech in self.mechanisms], detach=False)
 
     def _unpack(self, mems: list[torch.Tensor]):
@@ -402,53 +397,48 @@ class TransformerXL(nn.Module):
 
         return read
 
-    def _forward_mechanisms(self, tokens_BT, mems, *, mem_len: int, clamp_len: int, same_length: bool):
-        if mem_len < 0:
-            raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
-        b, t = tokens_BT.shape
-        emb = self.word_emb(tokens_BT)
-        for mech in self.mechanisms:
-            mech.begin()
-        short, states = self._unpack(mems if mems else self.empty_memory(b, emb))
-        reads = [self._reader(i, states) for i in range(len(self.layers))]
-        if self.owner is not None:
-            index = list(self.mechanisms).index(self.owner)
-            h, short, inputs, evicted, states[index] = self.owner.layer_step(
-                self, emb_BTD=emb, short=short, states=states, reads=reads, mem_len=mem_len, clamp_len=clamp_len,
-                same_length=same_length)
-        else:
-            h, short, inputs, evicted = self._layers(emb, short, states, reads, mem_len=mem_len,
-                                                     clamp_len=clamp_len, same_length=same_length)
-        new_states = []
-        for mech, per_layer in zip(self.mechanisms, states):
-            if mech is self.owner:
-                new_states.append(per_layer)
-                continue
-            new_states.append([mech.write(i, layer, per_layer[i], evicted[i], inputs[i])
-                               for i, layer in enumerate(self.layers)])
-        self._aux = {}
-        for mech in self.mechanisms:
-            self._aux.update(mech.aux_losses())
-        return self.drop(h), self._pack(short, new_states)
-
-    def _layers(self, emb, short, states, reads, *, mem_len, clamp_len, same_length):
-        """The layer loop with the mechanisms' context and reads; (output, next short memory, the layers' inputs,
-        the evicted rows per layer)."""
+    def _layers(self, emb, short, states, reads, *, mem_len, clamp_len, same_length, kv_memory=False):
+        """The one layer loop: per layer the mechanisms' context rows and the short memory (or, with `kv_memory`,
+        its keys and values), the mechanisms' reads, activation checkpointing when asked; (output, next short
+        memory, the layers' inputs, the rows each layer's memory evicted)."""
         contexts = [[c for c in (m.context(i, s[i]) for m, s in zip(self.mechanisms, states)) if c is not None]
                     for i in range(len(self.layers))]
-        c = sum(x.shape[1] for x in contexts[0])
-        m = short[0].shape[1]
-        k = c + m + emb.shape[1]
+        c = sum(x.shape[1] for x in contexts[0]) if contexts else 0
+        t = emb.shape[1]
+        m = short[0].shape[3] if kv_memory else short[0].shape[1]
+        k = c + m + t
         extra = sum(mech.context_len for mech in self.mechanisms)
-        mask_TK = causal_mask(emb.shape[1], k, same_length=same_length, mem_len=mem_len + extra, device=emb.device)
+        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len + extra, device=emb.device)
         pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
-        h = self.drop(emb)  # dropout draws in the order of the plain loop: embedding, then positions
-        pos = (self.drop(pos_KD.to(emb.dtype)), self.r_w_bias, self.r_r_bias)
-        inputs = []
+        pos_KD = pos_KD.to(emb.dtype)
+        if self.cfg.attention == "relative":
+            h = self.drop(emb)  # dropout draws: the embedding, then the positions
+            pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
+        else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
+            h = self.drop(emb + pos_KD[m:])
+            pos = None
+        checkpointed = self.checkpoint_layers and self.training and torch.is_grad_enabled()
+        inputs, new_kv = [], []
         for i, layer in enumerate(self.layers):
-            ctx = torch.cat([x.to(short[i].dtype) for x in contexts[i]] + [short[i]], dim=1) if c else short[i]
+            mem = short[i]
+            if pos is None and i == 0 and m:
+                mem = mem + pos_KD[:m]
+            if c:
+                mem = torch.cat([x.to(mem.dtype) for x in contexts[i]] + [mem], dim=1)
+            if kv_memory:
+                h, kv = layer(h, mem_BMD=None, mask_TK=mask_TK, pos=pos, kv_mem=mem)
+                new_kv.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
+                continue
             inputs.append(h)
-            h, _ = layer(h, mem_BMD=ctx, mask_TK=mask_TK, pos=pos, read=reads[i])
+            if checkpointed:
+                # activation checkpointing: the layer's activations are recomputed in the backward pass (the
+                # random state too, so dropout draws the same masks) instead of kept
+                h, _ = checkpoint(layer, h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, read=reads[i],
+                                  use_reentrant=False)
+            else:
+                h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, read=reads[i])
+        if kv_memory:
+            return h, new_kv, [], []
         evict = self.evictor.evict if self.evictor is not None else evict_oldest
         kept, evicted = zip(*(evict(s, x, mem_len) for s, x in zip(short, inputs)))
         return h, list(kept), inputs, list(evicted)
