@@ -109,6 +109,11 @@ class LaMemoAttention(RelPartialLearnableAttention):
     """Transformer-XL's relative attention (same parameters: `qkv_net`, `r_net`, `o_net`) that also returns the
     attention vectors and log-normalisers, and refreshes memory rows by look-ahead attention (`look_ahead`).
 
+    The look-ahead is written once, in terms of four score hooks that another attention may give: `rows` (queries,
+    keys and values of every row), `key_window` (the window's keys), `position_scores` (terms (b) + (d)) and
+    `scored` (the content score with the position term and the mask added, its softmax, the values). MGK inside
+    Transformer-XL (`papers.arena.mgk.LookAheadMGKAttention`) runs this `look_ahead` with its mixture score.
+
     `record`: when a list, each causal attention appends its probabilities (B, H, T, K) (utilisation analysis)."""
 
     def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float, full: bool = False):
@@ -116,28 +121,60 @@ class LaMemoAttention(RelPartialLearnableAttention):
         self.full = full
         self.record: list[torch.Tensor] | None = None
 
-    def causal(self, q_BHTE, k_BHKE, v_BHKE, r_KD, u_HE, v_HE, bias_TK):
-        """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T)).
-        `bias_TK`: 0 where a query may attend, −inf where not (added: the same scores as masking, and nothing to
-        do in backward)."""
+    # ---------------------------------------------------------------------------------------- the score hooks
+    def rows(self, x_BKD):
+        """(queries, keys, values), each (B, H, K, E), of every row of x. One projection of the K rows gives the
+        queries of both kinds of row and the keys and values (the reference's single `qkv_net` call on [memory;
+        segment]), unbound once: each indexing of a stacked (2, B, H, K, E) tensor would cost a zero-filled tensor
+        of that size in backward."""
+        b, k_len, _ = x_BKD.shape
+        heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
+        return q_BHKE, k_BHKE.contiguous(), v_BHKE.contiguous()
+
+    @staticmethod
+    def key_window(k_BHKE, start: int, end: int):
+        return k_BHKE[:, :, start:end]
+
+    def position_scores(self, q_BHTE, r_KD, v_HE):
+        """Terms (b) + (d): (q_i + v) · W_R R_{i−j} / √E, (B, H, T, K)."""
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
+        return rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
+
+    def scored(self, q_BHTE, k_BHKE, v_BHKE, u_HE, position_BHTK, bias_TK, *, record: bool = False):
+        """Transformer-XL's scores (a)+(c) plus `position_BHTK` and `bias_TK` (0 where a query may attend, −inf
+        where not, or None; added: the same scores as masking, and nothing to do in backward) → (vectors
+        (B,H,T,E), lse (B,H,T))."""
         scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ k_BHKE.transpose(-1, -2)
-        prob, lse = softmax_lse(scores.add_(bd_BHTK).add_(bias_TK))
-        if self.record is not None:
+        scores = scores.add_(position_BHTK)
+        if bias_TK is not None:
+            scores = scores.add_(bias_TK)
+        prob, lse = softmax_lse(scores)
+        if record and self.record is not None:
             self.record.append(prob.detach())
         # dropout and the value product in one (`repro.nn.dropout.dropout_matmul`: a bool mask kept, not the dropped
         # probabilities; same numbers)
         return dropout_matmul(prob, v_BHKE, self.dropatt), lse
 
+    # ---------------------------------------------------------------------------------------------- the layer
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         """The backbone's interface (Transformer-XL memory): (output, keys/values)."""
         if kv_mem is not None:
             raise ValueError("LaMemo keeps no key/value memory")
         r_KD, u_HE, v_HE = pos[:3]
         q_BHTE, kv = self.project(h_BTD, mem_BMD)
-        vec, _ = self.causal(q_BHTE, *kv.unbind(0), r_KD, u_HE, v_HE, mask_bias(mask_TK))
+        k_BHKE, v_BHKE = kv.unbind(0)
+        vec, _ = self.scored(q_BHTE, k_BHKE, v_BHKE, u_HE, self.position_scores(q_BHTE, r_KD, v_HE),
+                             mask_bias(mask_TK), record=True)
         return self.output(vec), kv
+
+    def window_scores(self, qm_BHME, r_KD, r_fut_MD, v_fut_HE, index_MW, *, m: int, t: int, first: int):
+        """The look-ahead's position scores of memory rows first…m over their windows (`window_position_scores`),
+        with the future table (after the causal one for `full`)."""
+        table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
+        r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0).to(qm_BHME.dtype)
+        return window_position_scores((qm_BHME + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m, t=t,
+                                      first=first, full=self.full)
 
     def look_ahead(self, x_BKD, m: int, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
                    memory_output: bool = True):
@@ -147,37 +184,25 @@ class LaMemoAttention(RelPartialLearnableAttention):
         the next memory are). Returns (output of the current rows (B,T,D), output of the memory rows (B,M,D) or
         None without `memory_output`, refreshed vectors (B,m−first,H,E) and log-normalisers (B,m−first,H) float32
         of the memory rows (None when first ≥ m), vectors (B,T,H,E) and log-normalisers (B,T,H) of the current
-        rows).
-
-        One projection of the K rows gives the queries of both kinds of row and the keys and values (the
-        reference's single `qkv_net` call on [memory; segment]), and the keys and values are unbound once: each
-        indexing of a stacked (2, B, H, K, E) tensor would cost a zero-filled tensor of that size in backward."""
+        rows)."""
         r_KD, u_HE, v_HE, r_fut_MD, u_fut_HE, v_fut_HE, window = pos
         b, k_len, _ = x_BKD.shape
-        heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-        q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
-        vec, lse = self.causal(q_BHKE[:, :, m:], k_BHKE.contiguous(), v_BHKE.contiguous(), r_KD, u_HE, v_HE,
-                               bias_TK)
+        q, k, v = self.rows(x_BKD)
+        q_cur = q[:, :, m:]
+        vec, lse = self.scored(q_cur, k, v, u_HE, self.position_scores(q_cur, r_KD, v_HE), bias_TK, record=True)
         out_cur, vec_cur, lse_cur = self.output(vec), vec.transpose(1, 2), lse.transpose(1, 2)
         if memory_output and first:
             raise ValueError("the memory rows' output needs every memory row refreshed (first = 0)")
         if first >= m:
             empty = x_BKD.new_empty(b, 0, x_BKD.shape[2]) if memory_output else None
             return out_cur, empty, None, None, vec_cur, lse_cur
-        qm_BHME = q_BHKE[:, :, first:m]
+        qm_BHME = q[:, :, first:m]
         start, index_MW, bias_MW = window
-        k_win, v_win = k_BHKE[:, :, start : m + 1], v_BHKE[:, :, start : m + 1]  # (B, H, W, E)
-        table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
-        r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        bd_BHMW = window_position_scores((qm_BHME + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m,
-                                         t=k_len - m, first=first, full=self.full)
-        scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
-        scores = scores.add_(bd_BHMW)
-        if bias_MW is not None:
-            scores = scores.add_(bias_MW[first:])
-        prob, lse_new = softmax_lse(scores)  # (B, H, M, W), (B, H, M)
-        vec_new = dropout_matmul(prob, v_win, self.dropatt).transpose(1, 2)  # (B, M, H, E)
-        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new, lse_new.transpose(1, 2))
+        bd_BHMW = self.window_scores(qm_BHME, r_KD, r_fut_MD, v_fut_HE, index_MW, m=m, t=k_len - m, first=first)
+        vec_new, lse_new = self.scored(qm_BHME, self.key_window(k, start, m + 1), v[:, :, start : m + 1], u_fut_HE,
+                                       bd_BHMW, bias_MW[first:] if bias_MW is not None else None)
+        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new.transpose(1, 2),
+                                       lse_new.transpose(1, 2))
         out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
         return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur
 
