@@ -1,7 +1,7 @@
 """The authors' released Transformer-XL models (TensorFlow checkpoints) as our `TransformerXL`.
 
-    python -m papers.transformer_xl.released download enwik8 --root pretrained_xl   # the authors' files
-    python -m papers.transformer_xl.released evaluate enwik8 --root pretrained_xl   # their test split, a record
+    repro released download enwik8 --root pretrained_xl   # the authors' files
+    repro released evaluate enwik8 --root pretrained_xl   # their test split, a record
     model = load_tf("…/model.ckpt-0", LAYOUTS["enwik8"])   # eval mode, float32, the released weights
 
 Follows the authors' TF model, `tf/model.py` of kimiyoung/transformer-xl (`transformer`, `rel_multihead_attn`,
@@ -316,7 +316,7 @@ def evaluate_released(name: str, root: str | os.PathLike, *, max_segments: int |
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m papers.transformer_xl.released", description=__doc__,
+    ap = argparse.ArgumentParser(prog="repro released", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["download", "evaluate"])
     ap.add_argument("model", choices=sorted(RELEASES))
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError, DownloadError, ChecksumError) as err:
         raise SystemExit(f"error: {err}") from None
     env = environment(torch.device("cpu"))
-    record["provenance"] = {"command": "python -m papers.transformer_xl.released " + " ".join(argv or sys.argv[1:]),
+    record["provenance"] = {"command": "repro released " + " ".join(argv or sys.argv[1:]),
                             "host_cpu": env["host_cpu"], "torch": env["torch"], "complete": args.max_segments is None}
     out = args.out or f"results/transformer_xl/released/{args.model}.json"
     atomic_write_json(out, record)

@@ -178,7 +178,9 @@ ROUTED = {"fit": "train (Lightning CLI; `repro fit --help` lists every option)",
           "steps": "several quoted fit|validate|test commands in order, in one process",
           "runs": "the fit and tests of every experiment of a group (a DVC stage)",
           "profile": "dvc repro of another profile (params.<profile>.yaml, dvc.<profile>.lock): `repro profile small`",
-          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)"}
+          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)",
+          "export": "a trained checkpoint as a self-describing folder: safetensors, config, model card (Hub, MLflow)",
+          "step-memory": "a config's peak training-step memory per stream, and the batch_chunk that fits a GPU"}
 
 
 def papers_help(papers: dict[str, dict[str, tuple]]) -> str:

@@ -52,6 +52,16 @@ def main(argv: list[str] | None = None) -> None:
 
             rehearse(args[1:])
             return
+        if args and args[0] == "export":
+            from repro.cli.export import main as export_main
+
+            export_main(args[1:])
+            return
+        if args and args[0] == "step-memory":
+            from repro.cli.stepmemory import main as step_memory_main
+
+            step_memory_main(args[1:])
+            return
         from repro.cli.commands import main as commands_main
         from repro.cli.registry import paper_commands
         from repro.ops.download import ArchiveError, ChecksumError, DownloadError
