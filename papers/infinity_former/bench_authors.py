@@ -460,8 +460,8 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
         x = next(stream["ours"])
         hidden, mems[0] = ours(x, mems[0])
         loss = ours.nll(hidden[:, :-1], x[:, 1:]).mean()
-        aux = ours.extra_loss()
-        (loss + aux if aux is not None else loss).backward()
+        aux = ours.aux_losses()
+        (loss + sum(aux.values()) if aux else loss).backward()
 
     codes = {"theirs": (theirs, step_theirs, their_anomaly), "theirs_no_anomaly": (theirs, step_theirs, False),
              "ours": (ours, step_ours, False)}

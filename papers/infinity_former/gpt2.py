@@ -228,7 +228,7 @@ class GPT2WithMemory(nn.Module):
         for l in self.layers:
             keys = self._keys.get(l)
             if keys is None:  # restored from a checkpoint: the key order of a fresh state
-                keys = tuple(self.memories[str(l)].init_state(1, "cpu", torch.float32))
+                keys = tuple(self.memories[str(l)].empty(1, torch.empty(0)))
                 self._keys[l] = keys
             states[l] = dict(zip(keys, flat[i : i + len(keys)]))
             pending[l] = flat[i + len(keys)]
@@ -249,14 +249,15 @@ class GPT2WithMemory(nn.Module):
         dtype = self.lm.transformer.wte.weight.dtype
         if self.layers:
             if mems is None:
-                states = {l: self.memories[str(l)].init_state(b, tokens_BT.device, dtype) for l in self.layers}
+                states = {l: self.memories[str(l)].empty(b, torch.empty(0, device=tokens_BT.device, dtype=dtype))
+                          for l in self.layers}
                 pending = {l: torch.zeros(b, 0, self.d_model, device=tokens_BT.device, dtype=dtype)
                            for l in self.layers}
             else:
                 states, pending = self._unflatten(mems)
             for l in self.layers:
                 if pending[l].shape[1]:
-                    states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
+                    states[l] = self.memories[str(l)].write(states[l], self._memory_input(l, pending[l]))
             rt.states = states
         out = self.lm.transformer(input_ids=tokens_BT, token_type_ids=types, use_cache=False)
         hidden = out.last_hidden_state
@@ -282,7 +283,7 @@ class GPT2WithMemory(nn.Module):
         states, pending = self._unflatten(mems)
         for l in self.layers:
             p = pending[l]
-            states[l] = self.memories[str(l)].init_state(p.shape[0], p.device, p.dtype)
+            states[l] = self.memories[str(l)].empty(p.shape[0], p)
         return self._flatten(states, pending)
 
     def absorb(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
@@ -292,7 +293,7 @@ class GPT2WithMemory(nn.Module):
         states, pending = self._unflatten(mems)
         for l in self.layers:
             if pending[l].shape[1]:
-                states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
+                states[l] = self.memories[str(l)].write(states[l], self._memory_input(l, pending[l]))
                 pending[l] = pending[l][:, :0]
         return self._flatten(states, pending)
 
@@ -308,9 +309,13 @@ class GPT2WithMemory(nn.Module):
         nll = F.cross_entropy(logits.flatten(0, 1), target_BT.flatten(), ignore_index=IGNORE, reduction="none")
         return nll.view(target_BT.shape)
 
-    def extra_loss(self) -> torch.Tensor | None:
-        losses = [l for m in self.memories.values() if (l := m.extra_loss()) is not None]
-        return torch.stack([x.float() for x in losses]).sum() if losses else None
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """The layers' memories' weighted auxiliary losses of the last forward pass, each summed over the layers."""
+        by_name: dict[str, list[torch.Tensor]] = {}
+        for m in self.memories.values():
+            for name, loss in m.aux_losses().items():
+                by_name.setdefault(name, []).append(loss.float())
+        return {name: torch.stack(losses).sum() for name, losses in by_name.items()}
 
 
 # ------------------------------------------------------------------------------------------ LightningModule
@@ -398,7 +403,8 @@ class GPT2MemoryLM(SegmentLM):
         n = mask.sum()
         loss = nll.sum() / n.clamp(min=1)
         total = loss
-        aux = self.model.extra_loss()
+        losses = self.model.aux_losses()
+        aux = sum(losses.values()) if losses else None
         if aux is not None:
             total = loss + aux
             self.log("train/aux_loss", aux.detach())
