@@ -32,14 +32,14 @@ def naive_visible(i, j, *, t, k, same_length, mem_len):
 @pytest.mark.parametrize("t,k,same_length,mem_len", [(4, 4, False, 0), (3, 8, False, 5), (5, 9, True, 4),
                                                     (5, 7, True, 6), (4, 6, True, 10), (6, 6, True, 3)])
 def test_causal_mask_matches_definition(t, k, same_length, mem_len):
-    mask = causal_mask(t, k, same_length=same_length, mem_len=mem_len)
+    mask = causal_mask(t, k, same_length=same_length, span=mem_len)
     for i in range(t):
         for j in range(k):
             assert bool(mask[i, j]) == (not naive_visible(i, j, t=t, k=k, same_length=same_length, mem_len=mem_len))
 
 
 def test_same_length_gives_every_query_mem_len_keys():
-    mask = causal_mask(5, 5 + 8, same_length=True, mem_len=8)
+    mask = causal_mask(5, 5 + 8, same_length=True, span=8)
     assert (~mask).sum(1).tolist() == [8] * 5
 
 
@@ -126,7 +126,7 @@ def test_relative_attention_equals_naive_loop(mem, same_length, clamp):
     r = sinusoid_table(relative_distances(k_len, clamp_len=clamp), d)
     u, v = torch.randn(nh, e), torch.randn(nh, e)
     mem_len = 6
-    mask = causal_mask(t, k_len, same_length=same_length, mem_len=mem_len)
+    mask = causal_mask(t, k_len, same_length=same_length, span=mem_len)
     fast, kv = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
     assert kv.shape == (2, b, nh, mem + t, e)
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=mem_len)
@@ -142,7 +142,7 @@ def test_sdpa_kernel_equals_naive_loop_in_float64(mem, same_length, clamp):
     h, memory = torch.randn(b, t, d, dtype=torch.float64), torch.randn(b, mem, d, dtype=torch.float64)
     r = sinusoid_table(relative_distances(mem + t, clamp_len=clamp), d).double()
     u, v = torch.randn(nh, e, dtype=torch.float64), torch.randn(nh, e, dtype=torch.float64)
-    mask = causal_mask(t, mem + t, same_length=same_length, mem_len=6)
+    mask = causal_mask(t, mem + t, same_length=same_length, span=6)
     with attention_kernel(attn, "sdpa"):
         fast, _ = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=6)
@@ -163,7 +163,7 @@ def test_sdpa_kernel_gives_the_eager_outputs_and_gradients(monkeypatch, cls):
     h, memory = torch.randn(b, t, d, requires_grad=True), torch.randn(b, mem, d, requires_grad=True)
     r = sinusoid_table(relative_distances(mem + t), d)
     u, v = torch.randn(nh, e, requires_grad=True), torch.randn(nh, e, requires_grad=True)
-    mask = causal_mask(t, mem + t, same_length=True, mem_len=7)
+    mask = causal_mask(t, mem + t, same_length=True, span=7)
     calls = []
     monkeypatch.setattr(F, "scaled_dot_product_attention",
                         lambda *a, f=F.scaled_dot_product_attention, **k: calls.append(1) or f(*a, **k))

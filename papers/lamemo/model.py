@@ -328,7 +328,7 @@ def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_f
     model's dropout draws the positions' masks (causal table, then the future one)."""
     k = m + t
     dev, dt = like.device, like.dtype
-    mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=dev)
+    mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len, device=dev)
     r_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=dev), model.cfg.d_model).to(dt)
     fut = torch.arange(1, m + 1, device=dev)
     if variant == "txl":

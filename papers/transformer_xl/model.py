@@ -408,7 +408,7 @@ class TransformerXL(nn.Module):
         m = short[0].shape[3] if kv_memory else short[0].shape[1]
         k = c + m + t
         extra = sum(mech.context_len for mech in self.mechanisms)
-        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len + extra, device=emb.device)
+        mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len + extra, device=emb.device)
         pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
         pos_KD = pos_KD.to(emb.dtype)
         if self.cfg.attention == "relative":

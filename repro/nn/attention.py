@@ -123,18 +123,19 @@ class _SoftmaxLSE(torch.autograd.Function):
         return None if grad is None else grad.to(ctx.in_dtype)
 
 
-def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
+def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, span: int = 0, device=None) -> torch.Tensor:
     """(T, K) bool, True where query i may NOT attend key j. Query i sits at key position M + i, M = K − T.
 
-    `same_length` (evaluation) makes every query see the same number of keys: the last `mem_len` keys up to and
-    including itself, once that many exist (the reference's `same_length` mask, which counts against the
-    configured `mem_len`, not the memory actually present).
+    `same_length` (evaluation) makes every query see the same number of keys: the last `span` keys up to and
+    including itself, once that many exist. `span` is the most keys before the segment: the configured memory
+    length (the reference's `same_length` mask counts against the configured `mem_len`, not the memory actually
+    present), plus the most rows a memory mechanism attends before it.
     """
     m = k_len - q_len
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     mask = torch.triu(ones, diagonal=1 + m)
     if same_length:
-        excess = k_len - mem_len
+        excess = k_len - span
         shift = q_len - excess if excess > 0 else q_len
         mask = mask | torch.tril(ones, diagonal=-shift)
     return mask
