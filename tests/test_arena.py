@@ -128,6 +128,26 @@ def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
     torch.testing.assert_close(pending0, arena.word_emb(left))
 
 
+def test_every_paper_model_is_the_backbone_with_its_mechanism():
+    """One layer loop: no paper's model (nor the arena's) defines a forward pass of its own; each is the backbone
+    with its mechanism, of the class the arena composes under the mechanism's registered name."""
+    from papers.infinity_former.compressive import CompressiveMemory
+    from papers.infinity_former.model import LongTermMemory
+    from papers.lamemo.model import LookAhead
+    from papers.mgk.model import MGKLM
+
+    for cls in (CompressiveTransformer, InfinityFormer, LaMemo, MGKLM, Arena):
+        assert issubclass(cls, TransformerXL) and "forward" not in vars(cls), cls.__name__
+    cfg = TransformerXLConfig(**SMALL)
+    for model, mechanism, name in [
+        (CompressiveTransformer(cfg, CompressiveConfig(rate=2, cmem_len=6)), CompressiveMemory, "compressive"),
+        (InfinityFormer(cfg, LTMConfig(n_basis=16, n_samples=8)), LongTermMemory, "ltm"),
+        (LaMemo(cfg, LaMemoConfig()), LookAhead, "look_ahead"),
+    ]:
+        assert [type(m) for m in model.mechanisms] == [mechanism]
+        assert [type(m) for m in Arena(cfg, [{"name": name}]).mechanisms] == [mechanism]
+
+
 def test_mechanisms_that_conflict_are_refused_in_one_line():
     cfg = TransformerXLConfig(**SMALL)
     with pytest.raises(ValueError, match="at most one memory mechanism may own the layer step"):
