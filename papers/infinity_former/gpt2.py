@@ -173,7 +173,7 @@ class GPT2WithMemory(nn.Module):
         its vocabulary (the dialogue's special tokens) keep their initialisation; the memories are new."""
         from transformers import GPT2LMHeadModel
 
-        from repro.text.tokenizer import HUB_HELP, hub_offline
+        from repro.data.hf_hub import HUB_HELP, hub_offline
 
         name = self.settings.pretrained
         offline = not Path(name).is_dir() and hub_offline()  # fail at once, not after the hub's retries

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     with one line that names the problem and the fix; REPRO_DEBUG=1 shows the traceback."""
     from argparse import ArgumentError
 
-    from repro.ops.download import ArchiveError, ChecksumError, DownloadError
+    from repro.data.download import ArchiveError, ChecksumError, DownloadError
 
     try:
         _main(argv)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         from repro.cli.commands import main as commands_main
         from repro.cli.registry import paper_commands
-        from repro.ops.download import ArchiveError, ChecksumError, DownloadError
+        from repro.data.download import ArchiveError, ChecksumError, DownloadError
 
         papers = paper_commands()
         routed = {name: run for cmds in papers.values() for name, (run, _) in cmds.items()}

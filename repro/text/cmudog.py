@@ -143,9 +143,9 @@ def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     import shutil
     import zipfile
 
+    from repro.data.download import download
     from repro.data.root import data_dir
     from repro.io import file_lock
-    from repro.ops.download import download
 
     base = data_dir(data_root) / "raw" / "cmu_dog"
     root = base / f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"

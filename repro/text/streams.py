@@ -63,7 +63,7 @@ def split_wikitext_documents(text: str) -> list[str]:
 
 
 def wt103_raw_documents(raw: Path, split: str) -> list[str]:
-    from repro.ops.download import download, read_member
+    from repro.data.download import download, read_member
 
     archive = download(WT103_RAW_URLS, raw / "wikitext-103-raw-v1.zip", **WT103_RAW_PUBLISHED, record_sha256=True)
     name = {"train": "train", "valid": "valid", "test": "test"}[split]

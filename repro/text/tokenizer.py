@@ -22,39 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from repro.data.hf_hub import HUB_HELP, hub_offline
+
 SPECIAL_TOKENS = ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>")
 # base vocabularies of the pretrained tokenizers, to describe a config without the network (checked on loading)
 PRETRAINED_SIZES = {"gpt2": 50257}
-
-
-HUB_HELP = ("run once with network access to fill the Hugging Face cache ($HF_HOME, default "
-            "~/.cache/huggingface), copy a cache filled elsewhere there, or set HF_ENDPOINT to a reachable mirror")
-
-
-def hub_offline(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub must be used offline (its cache only): HF_HUB_OFFLINE is set, or the hub's host
-    does not answer within `timeout` s — then HF_HUB_OFFLINE is set for this process, so that a missing file fails
-    at once instead of after ~23 s of retries per file."""
-    import socket
-    import urllib.parse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return True
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-        return False
-    except OSError:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        import sys
-
-        # read at import: set it there too where the libraries are loaded already
-        for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                              ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
-            if module in sys.modules:
-                for name in names:
-                    setattr(sys.modules[module], name, True)
-        return True
 
 
 @dataclass(frozen=True)
