@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 def bench_txl_authors(argv: list[str]) -> None:
-    from papers.transformer_xl import bench_authors
+    from papers.transformer_xl import bench_authors  # heavy: torch
 
     bench_authors.main(argv)
 

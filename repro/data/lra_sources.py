@@ -157,7 +157,7 @@ def read_pathfinder(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     Each `metadata/*.npy` is text despite its name: one line per image, `<image folder> <file name> <…> <label>
     …`, label in the fourth field. Empty PNG files (a few exist in the release) are skipped."""
-    from PIL import Image
+    from PIL import Image  # optional: Pillow (matplotlib's dependency, not ours)
 
     folder = Path(folder)
     metas = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))

@@ -156,7 +156,7 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
 
 def _hf_rows(split: str) -> Iterable[str]:
     hub_offline()  # an unreachable hub: its cache only, at once (not ~30 s of retry messages per request)
-    import datasets  # optional: only needed when every zip mirror is unreachable
+    import datasets  # heavy: datasets, only when every zip mirror is unreachable
 
     ds = datasets.load_dataset(*WIKITEXT103_HF, split=split)
     for batch in ds.iter(batch_size=10_000):
