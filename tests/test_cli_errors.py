@@ -186,12 +186,12 @@ def test_offline_pretrained_tokenizer_says_what_is_needed_at_once(monkeypatch, t
 
 
 def test_an_unreachable_hub_is_detected_and_set_offline(monkeypatch):
-    from repro.text import tokenizer
+    from repro.data import hf_hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.time()
-    assert tokenizer.hub_offline(timeout=1.0)
+    assert hf_hub.hub_offline(timeout=1.0)
     assert os.environ["HF_HUB_OFFLINE"] == "1" and time.time() - t0 < 3
 
 

@@ -15,7 +15,7 @@ import torch
 
 from papers.transformer_xl import released
 from papers.transformer_xl.released import RELEASES, Release, TFProtocol, load_tf, tf_protocol_nll
-from repro.ops import download as dl
+from repro.data import download as dl
 from repro.ops import mirror
 from repro.weights.py2pickle import load
 

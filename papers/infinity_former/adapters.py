@@ -55,7 +55,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from papers.infinity_former.compressive import Compression, CompressiveConfig, reconstruction_error
 from papers.infinity_former.hooks import LayerMemory, MemoryHook, WindowMemory
+from papers.infinity_former.ltm import ContinuousLTM, LTMConfig, attention_histogram, kl_regulariser
 
 
 class LTMLayerMemory(LayerMemory):
@@ -66,7 +68,6 @@ class LTMLayerMemory(LayerMemory):
 
     def __init__(self, d_model: int, n_head: int, ltm: dict | None = None, threshold: int | None = None):
         super().__init__()
-        from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 
         args = dict(ltm or {})
         if isinstance(args.get("widths"), list):
@@ -92,8 +93,6 @@ class LTMLayerMemory(LayerMemory):
         return {"coef": coef, "hist": state["hist"], "count": state["count"] + x_BLD.shape[1]}
 
     def read(self, q_BHTd, state):
-        from papers.infinity_former.ltm import attention_histogram, kl_regulariser
-
         self._loss = None
         if state["coef"].shape[1] == 0:
             return None
@@ -130,7 +129,6 @@ class CompressiveLayerMemory(LayerMemory):
     def __init__(self, d_model: int, n_head: int, cmem_len: int = 512, rate: int = 4,
                  compression: Literal["conv", "max_pool", "mean_pool"] = "conv", recon_weight: float = 1.0):
         super().__init__()
-        from papers.infinity_former.compressive import Compression, CompressiveConfig
 
         if cmem_len <= 0:
             raise ValueError(f"the compressive memory needs cmem_len > 0, got {cmem_len}")
@@ -233,8 +231,6 @@ class CompressiveLayerMemory(LayerMemory):
     def _reconstruction_error(self, inner, ln, q_BHTd, old_BOD, new_BCD) -> torch.Tensor:
         """Rae et al. Algorithm 2 (`compressive.reconstruction_error`) with this block's queries and the layer's
         ln_1 / key / value weights, all detached: the gradient reaches f_c only."""
-        from papers.infinity_former.compressive import reconstruction_error
-
         b, nh, t, hd = q_BHTd.shape
 
         def keys_values(m_BND):

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from repro.lm import coerce
+from repro.config import coerce
 from repro.memory import MemoryMechanism, evict_oldest, register
 
 

@@ -42,13 +42,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from papers.infinity_former.adapters import build_layer_memory
 from papers.infinity_former.dialogue_generation import GenerationSettings, generate_and_score, respond
 from papers.infinity_former.hooks import MemoryAttention, MemoryHook, _Runtime
+from repro.data.hf_hub import HUB_HELP, hub_offline
 from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
+from repro.metrics.text import ConversationNLL
 
 IGNORE = -100
 
@@ -123,7 +126,7 @@ class GPT2WithMemory(nn.Module):
 
     def __init__(self, settings: GPT2Settings, hook: MemoryHook, n_token: int):
         super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import GPT2Config, GPT2LMHeadModel  # heavy: transformers
 
         self.settings, self.hook = settings, hook
         drop = {"resid_pdrop": settings.dropout, "embd_pdrop": settings.dropout, "attn_pdrop": settings.dropout}
@@ -171,14 +174,12 @@ class GPT2WithMemory(nn.Module):
     def load_pretrained(self) -> None:
         """Copy the pretrained checkpoint's weights in (hub download on first use). The rows of tokens added after
         its vocabulary (the dialogue's special tokens) keep their initialisation; the memories are new."""
-        from transformers import GPT2LMHeadModel
-
-        from repro.text.tokenizer import HUB_HELP, hub_offline
+        from transformers import GPT2LMHeadModel  # heavy: transformers
 
         name = self.settings.pretrained
         offline = not Path(name).is_dir() and hub_offline()  # fail at once, not after the hub's retries
         if not os.environ.get("REPRO_VERBOSE"):  # transformers' "Loading weights" bar: two lines per run in the logs
-            from transformers.utils import logging as hf_logging
+            from transformers.utils import logging as hf_logging  # heavy: transformers
 
             hf_logging.disable_progress_bar()
         try:
@@ -432,8 +433,6 @@ class GPT2MemoryLM(SegmentLM):
         if split == "test" and hasattr(batch, "reset"):
             # the official test perplexity's average as well (conversations weighted by their label positions;
             # `repro.metrics.text.ConversationNLL`), logged by `on_test_epoch_end` beside our per-token one
-            from repro.metrics.text import ConversationNLL
-
             acc = self.__dict__.get("_conversation_nll")
             if acc is None:
                 dm = getattr(self.trainer, "datamodule", None)
@@ -491,8 +490,6 @@ class GPT2MemoryLM(SegmentLM):
         super().on_test_epoch_end()
         acc = self.__dict__.pop("_conversation_nll", None)
         if acc is not None:
-            import torch.distributed as dist
-
             totals = torch.tensor(acc.totals(), dtype=torch.float64, device=self.device)
             if dist.is_available() and dist.is_initialized():
                 dist.all_reduce(totals)  # Σ n_c·mean_c, Σ n_c, conversations over ranks

@@ -39,7 +39,7 @@ from torch import nn
 
 from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from repro.lm import coerce
+from repro.config import coerce
 from repro.memory import MemoryMechanism, register
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 
 def bench_txl_authors(argv: list[str]) -> None:
-    from papers.transformer_xl import bench_authors
+    from papers.transformer_xl import bench_authors  # heavy: torch
 
     bench_authors.main(argv)
 
 
 def released(argv: list[str]) -> None:
-    from papers.transformer_xl import released as module  # torch and the TensorFlow reader: on use only
+    from papers.transformer_xl import released as module  # heavy: torch
 
     module.main(argv)
 

@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.data.download import ChecksumError, DownloadError, download, read_sidecar
 from repro.io import atomic_write_json
 from repro.ops.bench import environment
-from repro.ops.download import ChecksumError, DownloadError, download, read_sidecar
 from repro.weights.py2pickle import load
 from repro.weights.tf_bundle import CheckpointError, TFCheckpoint
 
@@ -264,7 +264,7 @@ def _release(name: str) -> Release:
 
 
 def download_released(name: str, root: str | os.PathLike) -> Path:
-    """The authors' files of model `name` under `root/<folder>/` (resumable, atomic, `repro.ops.download`). Nothing
+    """The authors' files of model `name` under `root/<folder>/` (resumable, atomic, `repro.data.download`). Nothing
     is published for them: the size and sha256 of each are recorded at the first download (`<file>.sha256`),
     every later use is checked against them, and they are printed for comparing with another copy."""
     rel = _release(name)

@@ -74,7 +74,7 @@ def export(configs: list[str], ckpt: str, out: str | os.PathLike) -> Path:
 def log_to_mlflow(out: Path, run_id: str) -> None:
     """The export folder as artifacts (`exported/`) of the training run `run_id` (the tracking URI of the
     environment, as `repro fit` logs)."""
-    from mlflow.tracking import MlflowClient  # heavy: only with --mlflow
+    from mlflow.tracking import MlflowClient  # heavy: MLflow, only with --mlflow
 
     MlflowClient().log_artifacts(run_id, str(out), artifact_path="exported")
 
