@@ -219,10 +219,10 @@ def test_a_batch_chunk_that_does_not_divide_the_batch_is_refused(clean, capsys):
     assert line.startswith("error: --run.batch_chunk 3 does not divide the batch of 4 streams")
 
 
-def test_layer_checkpointing_of_a_model_with_a_layer_loop_of_its_own_is_refused(clean, capsys):
+def test_layer_checkpointing_of_a_model_with_memory_mechanisms_is_refused(clean, capsys):
     line = _one_line_error(capsys, ["fit", "-c", LAMEMO, "--trainer.max_steps", "1", "--run.checkpoint_layers",
                                     "true"])
-    assert line.startswith("error: --run.checkpoint_layers: LaMemo runs a layer loop")
+    assert line.startswith("error: --run.checkpoint_layers: LaMemo does not checkpoint its layers")
 
 
 @pytest.mark.parametrize("old,new,message", [

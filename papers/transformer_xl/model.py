@@ -147,8 +147,8 @@ class TransformerXL(nn.Module):
 
     @property
     def supports_checkpoint_layers(self) -> bool:
-        """Whether training runs this class's plain layer loop, which checkpoints its layers (`checkpoint_layers`):
-        not with memory mechanisms, nor in the models that keep a loop of their own."""
+        """Whether training may checkpoint the layers (`checkpoint_layers`): not with memory mechanisms, whose reads
+        and writes a recomputed layer would repeat."""
         return type(self).forward is TransformerXL.forward and not self.mechanisms
 
     @property

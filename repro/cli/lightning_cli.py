@@ -430,8 +430,9 @@ class ReproCLI(LightningCLI):
     def _set_checkpoint_layers(self) -> None:
         model = getattr(self.model, "model", None)
         if not getattr(model, "supports_checkpoint_layers", False):
-            raise ValueError(f"--run.checkpoint_layers: {type(model).__name__} runs a layer loop of its own, which "
-                             "does not checkpoint its layers: leave --run.checkpoint_layers false")
+            raise ValueError(f"--run.checkpoint_layers: {type(model).__name__} does not checkpoint its layers (only "
+                             "the backbone without memory mechanisms, whose reads and writes a recomputed layer "
+                             "would repeat, does): leave --run.checkpoint_layers false")
         model.checkpoint_layers = True
 
     def _check_untrained(self, sub: str) -> None:
