@@ -54,6 +54,7 @@ from repro.cli.collisions import CheckpointLock, check_resume
 from repro.cli.records import peak_rss_ranks, plot_curves, run_record, summary_line
 from repro.io import atomic_write_json, check_checkpoint
 from repro.lm import SegmentLM
+from repro.memory import check_mechanisms
 from repro.nn.attention import set_attention_kernel
 from repro.ops.allocator import keep_freed_memory
 from repro.tracking import artifact_location, hardware, mark_dead_runs, repo_root, run_tags, tracking_uri
@@ -214,6 +215,11 @@ class ReproCLI(LightningCLI):
         return bool(self.subcommand is not None and self._run_cfg().get("dry_run"))
 
     def instantiate_classes(self) -> None:
+        # a model's memory mechanisms are checked before anything is built: the config's key in the one line
+        cfg = self.config.get(str(self.subcommand), self.config)
+        key = "model.init_args.mechanisms"
+        if cfg.get(key):
+            check_mechanisms(cfg.get(key), key=key)
         # a dry run builds the model as `build(meta=True)` does: a paper model of 0.8B parameters costs neither its
         # 3 GB nor the seconds of its initialisation, and every shape and setting check still runs
         with torch.device("meta") if self._dry_run() else nullcontext():
