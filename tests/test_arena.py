@@ -148,6 +148,23 @@ def test_every_paper_model_is_the_backbone_with_its_mechanism():
         assert [type(m) for m in Arena(cfg, [{"name": name}]).mechanisms] == [mechanism]
 
 
+@pytest.mark.parametrize("name", ["compressive", "ltm", "look_ahead"])
+def test_a_contestant_with_one_mechanism_is_drawn_as_that_papers_model(name):
+    """From the same seed, the arena's contestant and the paper's model hold the same weights under the same names:
+    one mechanism, built and initialised in one place."""
+    cfg = TransformerXLConfig(**SMALL)
+    opts = {"compressive": {"rate": 2, "cmem_len": 6}, "ltm": {"n_basis": 16, "n_samples": 8}, "look_ahead": {}}[name]
+    paper = {"compressive": lambda: CompressiveTransformer(cfg, CompressiveConfig(**opts)),
+             "ltm": lambda: InfinityFormer(cfg, LTMConfig(**opts)), "look_ahead": lambda: LaMemo(cfg, LaMemoConfig())}
+    torch.manual_seed(0)
+    theirs = paper[name]().state_dict()
+    torch.manual_seed(0)
+    ours = Arena(cfg, [{"name": name, **opts}]).state_dict()
+    assert theirs.keys() == ours.keys()
+    for key in theirs:
+        assert torch.equal(theirs[key], ours[key]), key
+
+
 def test_mechanisms_that_conflict_are_refused_in_one_line():
     cfg = TransformerXLConfig(**SMALL)
     with pytest.raises(ValueError, match="at most one memory mechanism may own the layer step"):
