@@ -300,7 +300,7 @@ def test_every_registered_command_runs_through_repro(tmp_path):
                                                                    "bench-lamemo-authors", "bench-mgk-authors",
                                                                    "bench-txl-authors", "ltm-gain",
                                                                    "bench-infinity-former-authors", "bench-sdpa",
-                                                                   "arena-budget"}
+                                                                   "arena-budget", "released"}
     for cmds in papers.values():
         for name in cmds:
             done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,
