@@ -35,17 +35,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from repro.io import atomic_path, atomic_write_text
 
 
 def last_path(checkpoint: str | os.PathLike) -> Path:
@@ -65,10 +74,6 @@ def save_checkpoint(trainer, path: str | os.PathLike) -> None:
     (Lightning gathers the state collectively and waits for all ranks); global rank 0 writes a temporary file whose
     name it gives the others, and only its file replaces `path`. The function returns on every rank once `path`
     is in place."""
-    import contextlib
-
-    from repro.io import atomic_path
-
     with contextlib.ExitStack() as stack:
         tmp = str(stack.enter_context(atomic_path(path))) if trainer.is_global_zero else None
         if trainer.world_size > 1:
@@ -106,8 +111,6 @@ class CurveRecorder(Callback):
             self._add(trainer, "valid", "val")
 
     def write(self) -> None:
-        from repro.io import atomic_write_text
-
         lines = ["step,split,loss,ppl,bpc"] + [f"{s},{sp},{l:.6f},{p:.6f},{b:.6f}" for s, sp, l, p, b in self.rows]
         atomic_write_text(self.path, "\n".join(lines) + "\n")
 
@@ -162,7 +165,6 @@ class LastCheckpoint(Callback):
     def on_train_start(self, trainer, pl_module):
         self._saved_at = time.monotonic()
         self._last_step = trainer.global_step
-        import threading
 
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             for sig in (signal.SIGINT, signal.SIGTERM, *((signal.SIGUSR1,) if os.environ.get("SLURM_JOB_ID") else ())):
@@ -282,8 +284,6 @@ def stop_step(trainer) -> int | None:
     (`configs/rehearsal/trainer.yaml`), and its progress read `step 5/10119 … ETA 70h31m`. Lightning's
     `estimated_stepping_batches` is this count; None where it is unbounded (an epoch of unknown length without
     `max_steps`). Read once the training data is set up (`on_train_start`)."""
-    import math
-
     try:
         steps = trainer.estimated_stepping_batches
     except Exception:  # e.g. accumulation that varies by epoch: fall back to the configured horizon
@@ -335,9 +335,7 @@ class ProgressLine(Callback):
 
 def step_progress_bar(name: str):
     """Lightning's TQDM bar over optimiser steps (`12/400 [00:03<01:40, loss=2.91, tok/s=11.2k]`), for runs with
-    `--trainer.enable_progress_bar true`; built here so that Lightning's progress module is imported only then."""
-    from lightning.pytorch.callbacks import TQDMProgressBar
-
+    `--trainer.enable_progress_bar true`."""
     class StepProgressBar(TQDMProgressBar):
         def on_train_epoch_start(self, trainer, *_):
             bar = self.train_progress_bar
@@ -383,18 +381,13 @@ class MmapCheckpointIO(TorchCheckpointIO):
         Here the archive goes to a temporary file beside `path` through a file object (no buffer; the
         archive's record names fixed, as `repro.io.save_tensors` writes them), which replaces `path` once
         complete. Remote (fsspec) paths keep Lightning's own way."""
-        import torch
-
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options=storage_options)
-        from repro.io import atomic_path
 
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(checkpoint, f)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
-        import torch
-
         if not Path(path).is_file():  # remote (fsspec) paths and missing files: Lightning's own handling
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         try:
@@ -418,8 +411,6 @@ class RankSeeds(Callback):
         self.seed: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        import torch
-
         if stage != "fit":
             return
         self.seed = torch.initial_seed()
@@ -430,10 +421,6 @@ class RankSeeds(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.world_size <= 1 or trainer.global_step > 0 or self.seed is None:
             return
-        import random
-
-        import numpy as np
-        import torch
 
         seed = self.seed + trainer.global_rank
         torch.manual_seed(seed)  # the CPU's generator and every GPU's

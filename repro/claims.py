@@ -43,6 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from repro.tables import Cell, Table
+
 TESTS = ("better", "noninferior")
 VERDICTS = ("holds", "reversed", "not decided")
 
@@ -86,8 +90,6 @@ class Verdict:
 
 def load_claims(path: str | Path) -> tuple[float, list[Claim]]:
     """(confidence, claims) of a claims file; one line naming the problem when it is malformed."""
-    import yaml
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no claims file (the pre-registered protocol of this profile)")
@@ -117,7 +119,7 @@ def load_claims(path: str | Path) -> tuple[float, list[Claim]]:
 
 def welch_interval(a: list[float], b: list[float], *, confidence: float) -> tuple[float, float, float]:
     """Mean(a) − mean(b) and its two-sided Welch t interval (Welch–Satterthwaite degrees of freedom)."""
-    from scipy import stats
+    from scipy import stats  # heavy: SciPy
 
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
@@ -198,8 +200,6 @@ def _mean_sd(x: list[float]) -> str:
 def table(name: str, title: str, results_of: list[Verdict], *, profile: str):
     """The verdicts as a `repro.tables.Table`: per claim the paper's statement, both arms (mean ± sample standard
     deviation over seeds), the effect with its interval, and the verdict computed from them."""
-    from repro.tables import Cell, Table
-
     rows = []
     noted = any(v.claim.note for v in results_of)
     for v in results_of:

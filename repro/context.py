@@ -30,6 +30,7 @@ losses line up position by position.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +39,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from repro.data.lm import LMSegments
+from repro.io import atomic_path
 from repro.lm import EvalProtocol, SegmentLM
+from repro.tracking import hardware
 
 THRESHOLD = 0.01  # the paper's threshold on the relative gain
 RATIOS = (0.1, 0.5, 1.0)  # Table 8's r
@@ -92,8 +96,6 @@ def eval_tokens(dm, split: str, max_tokens: int | None):
 def token_losses(module: SegmentLM, tokens: torch.Tensor, *, context: int, mode: Literal["memory", "window"],
                  batch_size: int, tgt_len: int, stride: int | None = None, window_batch: int = 256) -> np.ndarray:
     """Per-token NLL (nats) of `tokens` given `context` tokens of attention, in stream order (B·N values)."""
-    from repro.data.lm import LMSegments
-
     if context <= 0:
         raise ValueError(f"context lengths must be positive, got {context}")
     segments = LMSegments(tokens, batch_size=batch_size, tgt_len=tgt_len)
@@ -177,10 +179,6 @@ def measure(models: Sequence[ContextModel], contexts: Sequence[int], *, load: Lo
     run on `device` (default: a GPU where there is one; the paper's groups score 245k tokens at up to 1,600 tokens
     of context, sliding windows included).
     """
-    import time
-
-    from repro.tracking import hardware
-
     if threads:
         torch.set_num_threads(threads)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -222,12 +220,10 @@ def measure(models: Sequence[ContextModel], contexts: Sequence[int], *, load: Lo
 
 def plot(result: dict, out: str | Path, *, r: float = 0.1, title: str | None = None) -> Path:
     """Left: perplexity against the attention length offered at test time; right: the relative gain g(c, c')."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from repro.io import atomic_path
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     cs = result["contexts"]

@@ -3,13 +3,17 @@ and checkpoints that load without unpickling code."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 if TYPE_CHECKING:
     import torch  # imported where used: `repro tables` and other torch-free commands start 2 s sooner
@@ -55,8 +59,6 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
 
     Sharing is safe because every writer here replaces a file (`atomic_path`: a new inode under the old name) and
     none writes into one: a later save to either name leaves the other's bytes as they were."""
-    import shutil
-
     with atomic_path(dst) as tmp:
         os.unlink(tmp)  # os.link makes its own file
         try:
@@ -72,8 +74,6 @@ def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
 def file_lock(path: str | os.PathLike) -> Iterator[None]:
     """An exclusive lock on `path` (created if missing) for the duration of the block, across processes: cache
     builders that clear a folder before filling it hold it, so that two workers never build into one folder."""
-    import fcntl
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -97,7 +97,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> N
     """Atomically, and byte for byte the same for the same tensors: `torch.save` to a path names the archive's
     records after the file, which here is a random temporary name, so two builds of one data set wrote different
     bytes and a concurrent build broke the other's recorded sha256; through a file object the name is fixed."""
-    import torch
+    import torch  # heavy: torch
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(tensors, f)
@@ -115,7 +115,7 @@ def build_lock(folder: str | os.PathLike) -> Iterator[None]:
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Tensors only (`weights_only=True`): a file that carries code is refused, not run."""
-    import torch
+    import torch  # heavy: torch
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -134,7 +134,7 @@ def check_checkpoint(path: str | os.PathLike, model: torch.nn.Module) -> dict[st
     provenance the checkpoint carries (`repro_run`: module class, config, experiment, MLflow run; see
     `repro.callbacks.Provenance`), or {} for a checkpoint written without it. Loads with `mmap=True`: the weights
     are not read into memory twice."""
-    import torch
+    import torch  # heavy: torch
 
     path = Path(path)
     if not path.is_file():
@@ -181,8 +181,6 @@ def check_checkpoint(path: str | os.PathLike, model: torch.nn.Module) -> dict[st
 def check_config_files(args: list[str]) -> None:
     """Every `-c/--config FILE` of a command line exists and is valid YAML — checked before the command parser
     sees it, which reports a missing file after its whole usage and a syntax error without the file's name."""
-    import yaml
-
     paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-c", "--config")]
     paths += [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
     for p in paths:

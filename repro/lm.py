@@ -18,13 +18,14 @@ and a `supports_memory` flag. Everything else is written here once:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.distributed as dist
 
+from repro.config import coerce
 from repro.metrics import TokenNLL, scored
 
 
@@ -103,19 +104,6 @@ def bounded_groups(params, max_bytes: int) -> list[dict] | list[torch.nn.Paramet
         groups[-1].append(p)
         size += n
     return params if len(groups) == 1 else [{"params": g} for g in groups]
-
-
-def coerce(cls, value):
-    """A dataclass from a dict (configs and checkpoints store plain dicts)."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        names = {f.name for f in fields(cls)}
-        unknown = set(value) - names
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
-    raise TypeError(f"expected {cls.__name__} or dict, got {type(value).__name__}")
 
 
 class SegmentLM(L.LightningModule):

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repro.io import atomic_write_text
+from repro.tracking import experiment_id, tracking_uri
+
 RESULTS = Path("results")
 # Provenance of a run of `repro rehearse` (records with `rehearsal: true`) starts with this; its cells read
 # "rehearsal <value>" in every table.
@@ -197,8 +200,6 @@ def paper_cell(value: float | None, fmt: str = "{:.2f}") -> Cell:
 
 
 def write(paper: str, tables: list[Table], root: Path = RESULTS) -> list[Path]:
-    from repro.io import atomic_write_text
-
     out = []
     for t in tables:
         md = root / paper / f"{t.name}.md"
@@ -216,9 +217,7 @@ def log_to_mlflow(paper: str, tables: list[Table], paths: list[Path], results: R
             if rec.get("provenance", {}).get("mlflow_run")}
     if not runs:
         return 0
-    from mlflow.tracking import MlflowClient
-
-    from repro.tracking import experiment_id, tracking_uri
+    from mlflow.tracking import MlflowClient  # heavy: MLflow
 
     client = MlflowClient(tracking_uri())
     run = client.create_run(experiment_id(paper, client), run_name=f"tables:{paper}", tags={"subcommand": "tables"})

@@ -30,7 +30,7 @@ def repo_root() -> Path:
 def hardware() -> str:
     """Where a run or a measurement ran, as its record and MLflow tag say: the GPUs, or the CPU (`cpu_model`), its
     cores and the threads used."""
-    import torch
+    import torch  # heavy: torch
 
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
@@ -64,14 +64,14 @@ def cpu_model() -> str:
     (AVX512, avx512_bf16)" or "AMD EPYC (AVX2, no bf16 instructions, bf16 products in float32)". bf16 matrix products
     take other kernels on a CPU with bf16 instructions (avx512_bf16, amx_bf16) than without, so a bf16 run repeats bit
     for bit only on a CPU of the same kind (README, "Profiles")."""
-    import torch
+    import torch  # heavy: torch
 
     model, flags = cpu_flags()
     name = platform.processor() or platform.machine()
     if model and name in ("unknown", platform.machine()):
         name = model
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags] or ["no bf16 instructions"]
-    from repro import precision
+    from repro import precision  # heavy: torch
 
     if precision.installed():  # AVX2 only: bf16 autocast's products run in float32 (`repro.precision`)
         bf16.append("bf16 products in float32")
@@ -92,7 +92,7 @@ def artifact_location() -> str | None:
 
 def experiment_id(name: str, client=None) -> str:
     """The id of the MLflow experiment `name`, created if missing (and the database with it)."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # heavy: MLflow
 
     client = client or MlflowClient(tracking_uri())
     exp = client.get_experiment_by_name(name)
@@ -142,7 +142,7 @@ def process_alive(pid: int) -> bool:
 def mark_dead_runs(client) -> list[str]:
     """End as KILLED the runs still RUNNING whose process (tags `host`, `pid`) no longer exists on this host — a
     SIGKILL or a power cut leaves them RUNNING forever otherwise. Returns their ids."""
-    from mlflow.entities import ViewType
+    from mlflow.entities import ViewType  # heavy: MLflow
 
     host, dead = socket.gethostname(), []
     ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]

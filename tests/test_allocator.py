@@ -107,6 +107,7 @@ def test_repro_fit_decides_from_its_models_size(monkeypatch, tmp_path):
     from pathlib import Path
 
     import repro.ops.allocator as allocator
+    from repro.cli import lightning_cli
     from repro.cli.lightning_cli import ReproCLI
 
     root = Path(__file__).resolve().parent.parent
@@ -117,7 +118,7 @@ def test_repro_fit_decides_from_its_models_size(monkeypatch, tmp_path):
         seen.append((parameters, profile))
         raise _Decided
 
-    monkeypatch.setattr(allocator, "keep_freed_memory", record)
+    monkeypatch.setattr(lightning_cli, "keep_freed_memory", record)  # the name the CLI calls
     monkeypatch.setattr(sys, "argv", ["repro"])
     with pytest.raises(_Decided):
         ReproCLI(args=["fit", "-c", "configs/transformer_xl/tiny/enwik8_12l.yaml", "--run.tracking", "none",

@@ -52,7 +52,7 @@ def test_compressive_is_the_compressive_transformer():
     comp = CompressiveConfig(rate=2, cmem_len=6)
     ref = CompressiveTransformer(cfg, comp)
     arena = Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}])
-    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.startswith("compressors.") else k)
+    _copy(ref, arena)
     a, ma, aux_a = _run(ref, _tokens())
     b, mb, aux_b = _run(arena, _tokens())
     _close(a, b)
@@ -71,14 +71,7 @@ def test_ltm_is_the_infinity_former(sampling):
     opts = dict(n_basis=16, n_samples=8, sampling=sampling, n_bins=4, kl_weight=0.1)
     ref = InfinityFormer(cfg, LTMConfig(**opts))
     arena = Arena(cfg, [{"name": "ltm", **opts}])
-
-    def rename(k):
-        if ".attn.ltm." in k:
-            layer, rest = k.split(".attn.ltm.", 1)
-            return f"mechanisms.0.ltms.{layer.split('.')[1]}.{rest}"
-        return k
-
-    _copy(ref, arena, rename)
+    _copy(ref, arena)
     a, ma, aux_a = _run(ref, _tokens())
     b, mb, aux_b = _run(arena, _tokens())
     _close(a, b)
@@ -97,13 +90,12 @@ def test_look_ahead_is_lamemo(variant):
     cfg = TransformerXLConfig(**SMALL)
     ref = LaMemo(cfg, LaMemoConfig(variant=variant))
     arena = Arena(cfg, [{"name": "look_ahead", "variant": variant}])
-    _copy(ref, arena, lambda k: "mechanisms.0." + k if k.endswith("_future") else k)
+    _copy(ref, arena)
     a, ma, _ = _run(ref, _tokens())
     b, mb, _ = _run(arena, _tokens())
     _close(a, b)
     _assert_it_matters(arena, b)
-    n = cfg.n_layer  # LaMemo interleaves (vectors, lse) by layer; the arena groups them by slot
-    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+    _close(ma, mb)
 
 
 def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
@@ -115,28 +107,62 @@ def test_look_ahead_with_a_silent_long_term_memory_is_lamemo():
     ltm = dict(n_basis=16, n_samples=8)
     ref = LaMemo(cfg, LaMemoConfig())
     arena = Arena(cfg, [{"name": "look_ahead"}, {"name": "ltm", **ltm}])
-    state = {("mechanisms.0." + k if k.endswith("_future") else k): v for k, v in ref.state_dict().items()}
-    missing, unexpected = arena.load_state_dict(state, strict=False)
-    assert not unexpected and all(k.startswith("mechanisms.1.") for k in missing)
+    missing, unexpected = arena.load_state_dict(ref.state_dict(), strict=False)
+    assert not unexpected and missing and all(".attn.ltm." in k for k in missing)
     heard = _run(arena, _tokens())[0]
     with torch.no_grad():
-        for m in arena.mechanisms[1].modules():
-            if isinstance(m, nn.Linear) and m.out_features == cfg.d_model:
-                m.weight.zero_()  # the read's output map
+        for layer in arena.layers:
+            layer.attn.ltm.out.weight.zero_()  # the read's output map
     a, ma, _ = _run(ref, _tokens())
     b, mb, _ = _run(arena, _tokens())
     _close(a, b)
-    n = cfg.n_layer
-    _close(ma, [mb[0]] + [x for i in range(n) for x in (mb[1 + i], mb[1 + n + i])])
+    _close(ma, mb[: len(ma)])  # the short memory, then LaMemo's (vectors, lse) layer by layer, then the LTM's
     assert (heard[-1] - b[-1]).abs().max() > 1e-2  # with its weights, the long-term memory moves the output
     # the pending rows of layer 0: the embeddings of the segment-before-last's tokens that left the memory
-    pending0 = mb[1 + 2 * n]
+    pending0 = mb[1 + 2 * cfg.n_layer]
     tokens = _tokens()
     stream = torch.cat(list(tokens), dim=1)  # (B, SEGMENTS · T)
     total, keep_from = SEGMENTS * T, SEGMENTS * T - MEM
     left = stream[:, total - T - MEM : keep_from]  # rows that left at the last segment
     arena.eval()
     torch.testing.assert_close(pending0, arena.word_emb(left))
+
+
+def test_every_paper_model_is_the_backbone_with_its_mechanism():
+    """One layer loop: no paper's model (nor the arena's) defines a forward pass of its own; each is the backbone
+    with its mechanism, of the class the arena composes under the mechanism's registered name."""
+    from papers.infinity_former.compressive import CompressiveMemory
+    from papers.infinity_former.model import LongTermMemory
+    from papers.lamemo.model import LookAhead
+    from papers.mgk.model import MGKLM
+
+    for cls in (CompressiveTransformer, InfinityFormer, LaMemo, MGKLM, Arena):
+        assert issubclass(cls, TransformerXL) and "forward" not in vars(cls), cls.__name__
+    cfg = TransformerXLConfig(**SMALL)
+    for model, mechanism, name in [
+        (CompressiveTransformer(cfg, CompressiveConfig(rate=2, cmem_len=6)), CompressiveMemory, "compressive"),
+        (InfinityFormer(cfg, LTMConfig(n_basis=16, n_samples=8)), LongTermMemory, "ltm"),
+        (LaMemo(cfg, LaMemoConfig()), LookAhead, "look_ahead"),
+    ]:
+        assert [type(m) for m in model.mechanisms] == [mechanism]
+        assert [type(m) for m in Arena(cfg, [{"name": name}]).mechanisms] == [mechanism]
+
+
+@pytest.mark.parametrize("name", ["compressive", "ltm", "look_ahead"])
+def test_a_contestant_with_one_mechanism_is_drawn_as_that_papers_model(name):
+    """From the same seed, the arena's contestant and the paper's model hold the same weights under the same names:
+    one mechanism, built and initialised in one place."""
+    cfg = TransformerXLConfig(**SMALL)
+    opts = {"compressive": {"rate": 2, "cmem_len": 6}, "ltm": {"n_basis": 16, "n_samples": 8}, "look_ahead": {}}[name]
+    paper = {"compressive": lambda: CompressiveTransformer(cfg, CompressiveConfig(**opts)),
+             "ltm": lambda: InfinityFormer(cfg, LTMConfig(**opts)), "look_ahead": lambda: LaMemo(cfg, LaMemoConfig())}
+    torch.manual_seed(0)
+    theirs = paper[name]().state_dict()
+    torch.manual_seed(0)
+    ours = Arena(cfg, [{"name": name, **opts}]).state_dict()
+    assert theirs.keys() == ours.keys()
+    for key in theirs:
+        assert torch.equal(theirs[key], ours[key]), key
 
 
 def test_mechanisms_that_conflict_are_refused_in_one_line():

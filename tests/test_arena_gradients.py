@@ -17,13 +17,6 @@ from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from arena_models import SMALL, _copy, _run, _tokens
 
 
-def _ltm_rename(k: str) -> str:
-    if ".attn.ltm." in k:
-        layer, rest = k.split(".attn.ltm.", 1)
-        return f"mechanisms.0.ltms.{layer.split('.')[1]}.{rest}"
-    return k
-
-
 def _pair(name: str):
     """(the paper's model, the arena's contestant, the map from the paper's parameter names to the arena's)."""
     cfg = TransformerXLConfig(**SMALL)
@@ -31,14 +24,13 @@ def _pair(name: str):
         return TransformerXL(cfg), Arena(cfg), lambda k: k
     if name == "compressive":
         return (CompressiveTransformer(cfg, CompressiveConfig(rate=2, cmem_len=6)),
-                Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}]),
-                lambda k: "mechanisms.0." + k if k.startswith("compressors.") else k)
+                Arena(cfg, [{"name": "compressive", "rate": 2, "cmem_len": 6}]), lambda k: k)
     if name.startswith("ltm_"):
         opts = dict(n_basis=16, n_samples=8, sampling=name[4:], n_bins=4, kl_weight=0.1)
-        return InfinityFormer(cfg, LTMConfig(**opts)), Arena(cfg, [{"name": "ltm", **opts}]), _ltm_rename
+        return InfinityFormer(cfg, LTMConfig(**opts)), Arena(cfg, [{"name": "ltm", **opts}]), lambda k: k
     variant = name.split("_", 1)[1]
     return (LaMemo(cfg, LaMemoConfig(variant=variant)), Arena(cfg, [{"name": "look_ahead", "variant": variant}]),
-            lambda k: "mechanisms.0." + k if k.endswith("_future") else k)
+            lambda k: k)
 
 
 def _grads(model, rename=lambda k: k) -> dict[str, torch.Tensor]:

@@ -72,7 +72,8 @@ def test_train_flops_equal_a_count_by_hand(mem):
     batch = next(_batches(1))
     mems = [torch.zeros(B, mem, D) for _ in range(L)]
     with torch.no_grad():
-        fwd = count_flops(lambda: module.model.nll(module(batch.input, mems, module.memory)[0], batch.target))
+        fwd = count_flops(lambda: module.model.nll(module(batch.input, mems, module.memory)[0], batch.target),
+                          module)
     assert fwd == forward
 
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 from torch.testing import assert_close
 
 from repro.nn.attention import (
@@ -13,8 +14,10 @@ from repro.nn.attention import (
     causal_mask,
     rel_shift,
     relative_distances,
+    set_attention_kernel,
     sinusoid_table,
     softmax_lse,
+    uses_sdpa,
 )
 
 
@@ -29,14 +32,14 @@ def naive_visible(i, j, *, t, k, same_length, mem_len):
 @pytest.mark.parametrize("t,k,same_length,mem_len", [(4, 4, False, 0), (3, 8, False, 5), (5, 9, True, 4),
                                                     (5, 7, True, 6), (4, 6, True, 10), (6, 6, True, 3)])
 def test_causal_mask_matches_definition(t, k, same_length, mem_len):
-    mask = causal_mask(t, k, same_length=same_length, mem_len=mem_len)
+    mask = causal_mask(t, k, same_length=same_length, span=mem_len)
     for i in range(t):
         for j in range(k):
             assert bool(mask[i, j]) == (not naive_visible(i, j, t=t, k=k, same_length=same_length, mem_len=mem_len))
 
 
 def test_same_length_gives_every_query_mem_len_keys():
-    mask = causal_mask(5, 5 + 8, same_length=True, mem_len=8)
+    mask = causal_mask(5, 5 + 8, same_length=True, span=8)
     assert (~mask).sum(1).tolist() == [8] * 5
 
 
@@ -123,7 +126,7 @@ def test_relative_attention_equals_naive_loop(mem, same_length, clamp):
     r = sinusoid_table(relative_distances(k_len, clamp_len=clamp), d)
     u, v = torch.randn(nh, e), torch.randn(nh, e)
     mem_len = 6
-    mask = causal_mask(t, k_len, same_length=same_length, mem_len=mem_len)
+    mask = causal_mask(t, k_len, same_length=same_length, span=mem_len)
     fast, kv = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
     assert kv.shape == (2, b, nh, mem + t, e)
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=mem_len)
@@ -139,8 +142,8 @@ def test_sdpa_kernel_equals_naive_loop_in_float64(mem, same_length, clamp):
     h, memory = torch.randn(b, t, d, dtype=torch.float64), torch.randn(b, mem, d, dtype=torch.float64)
     r = sinusoid_table(relative_distances(mem + t, clamp_len=clamp), d).double()
     u, v = torch.randn(nh, e, dtype=torch.float64), torch.randn(nh, e, dtype=torch.float64)
-    mask = causal_mask(t, mem + t, same_length=same_length, mem_len=6)
-    with attention_kernel("sdpa"):
+    mask = causal_mask(t, mem + t, same_length=same_length, span=6)
+    with attention_kernel(attn, "sdpa"):
         fast, _ = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
     slow = naive_relative_attention(attn, h, memory, r, u, v, same_length=same_length, mem_len=6)
     assert_close(fast, slow, rtol=1e-12, atol=1e-12)
@@ -160,13 +163,13 @@ def test_sdpa_kernel_gives_the_eager_outputs_and_gradients(monkeypatch, cls):
     h, memory = torch.randn(b, t, d, requires_grad=True), torch.randn(b, mem, d, requires_grad=True)
     r = sinusoid_table(relative_distances(mem + t), d)
     u, v = torch.randn(nh, e, requires_grad=True), torch.randn(nh, e, requires_grad=True)
-    mask = causal_mask(t, mem + t, same_length=True, mem_len=7)
+    mask = causal_mask(t, mem + t, same_length=True, span=7)
     calls = []
     monkeypatch.setattr(F, "scaled_dot_product_attention",
                         lambda *a, f=F.scaled_dot_product_attention, **k: calls.append(1) or f(*a, **k))
     runs = {}
     for kernel in ("eager", "sdpa"):
-        with attention_kernel(kernel):
+        with attention_kernel(attn, kernel):
             out, _ = attn(h, mem_BMD=memory, mask_TK=mask, pos=(r, u, v))
         inputs = [h, memory, u, v] + list(attn.parameters())
         grads = torch.autograd.grad(out.square().sum(), inputs, allow_unused=True)
@@ -175,88 +178,28 @@ def test_sdpa_kernel_gives_the_eager_outputs_and_gradients(monkeypatch, cls):
     for a, c in zip(runs["eager"], runs["sdpa"]):  # ‖difference‖ / ‖eager‖: float32 rounding is ~1e-7
         assert ((c - a).norm() / a.norm()).item() < 1e-5
     masked = runs["eager"][0].detach()
-    with attention_kernel("sdpa"):  # not vacuous: without the mask the outputs differ far beyond the tolerance
+    with attention_kernel(attn, "sdpa"):  # not vacuous: without the mask the outputs differ far beyond the tolerance
         unmasked, _ = attn(h, mem_BMD=memory, mask_TK=torch.zeros_like(mask), pos=(r, u, v))
     assert ((unmasked - masked).norm() / masked.norm()).item() > 1e-2
 
 
-def test_auto_kernel_is_eager_on_a_cpu_and_names_are_checked():
-    from repro.nn.attention import uses_sdpa
+def test_auto_kernel_is_eager_on_a_cpu_and_the_setting_is_the_models():
+    """The kernel is each attention's setting, set on a model (for good, or for a block), never process-wide."""
 
-    assert not uses_sdpa(torch.device("cpu")) and uses_sdpa(torch.device("cuda"))
-    with attention_kernel("sdpa"):
-        assert uses_sdpa(torch.device("cpu"))
-    with attention_kernel("eager"):
-        assert not uses_sdpa(torch.device("cuda"))
+    assert not uses_sdpa("auto", torch.device("cpu")) and uses_sdpa("auto", torch.device("cuda"))
+    assert uses_sdpa("sdpa", torch.device("cpu")) and not uses_sdpa("eager", torch.device("cuda"))
+    one, other = (nn.Sequential(RelPartialLearnableAttention(d_model=8, n_head=2, d_head=4, dropatt=0.0),
+                                AbsoluteAttention(d_model=8, n_head=2, d_head=4, dropatt=0.0)) for _ in range(2))
+    with attention_kernel(one, "sdpa"):
+        assert [m.kernel for m in one] == ["sdpa", "sdpa"] and [m.kernel for m in other] == ["auto", "auto"]
+    assert [m.kernel for m in one] == ["auto", "auto"]
+    set_attention_kernel(other, "eager")
+    assert [m.kernel for m in other] == ["eager", "eager"] and [m.kernel for m in one] == ["auto", "auto"]
     with pytest.raises(ValueError, match="auto, eager, sdpa"):
-        with attention_kernel("flash"):
+        set_attention_kernel(one, "flash")
+    with pytest.raises(ValueError, match="auto, eager, sdpa"):
+        with attention_kernel(one, "flash"):
             pass
-
-
-def test_clamp_uses_clamped_distance_embedding():
-    k = relative_distances(10, clamp_len=4)
-    assert k.tolist() == [4, 4, 4, 4, 4, 4, 3, 2, 1, 0]
-
-
-def test_absolute_attention_equals_softmax_reference():
-    d, nh, e, t, b, mem = 8, 2, 4, 3, 2, 2
-    attn = AbsoluteAttention(d_model=d, n_head=nh, d_head=e, dropatt=0.0).eval()
-    h, memory = torch.randn(b, t, d), torch.randn(b, mem, d)
-    mask = causal_mask(t, t + mem)
-    out, _ = attn(h, mem_BMD=memory, mask_TK=mask)
-    cat = torch.cat([memory, h], 1)
-    w = attn.qkv_net.weight
-    q = (h @ w[:8].T).view(b, t, nh, e).transpose(1, 2)
-    k = (cat @ w[8:16].T).view(b, t + mem, nh, e).transpose(1, 2)
-    v = (cat @ w[16:].T).view(b, t + mem, nh, e).transpose(1, 2)
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=~mask)
-    assert_close(out, attn.o_net(ref.transpose(1, 2).reshape(b, t, d)))
-
-
-def _whole_tensor_softmax(scores, bias, mask):
-    """The one-expression form `blocked.masked_softmax` replaces (attend's lines for the other paths)."""
-    if bias is not None:
-        scores = scores.add_(bias)
-    scores = scores.add_(torch.zeros(mask.shape, dtype=scores.dtype).masked_fill_(mask, float("-inf")))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bias", ["none", "shifted", "broadcast"])
-@pytest.mark.parametrize("block", [5, 100, 1 << 18])  # one row per block; rows of one matrix; whole matrices
-def test_blocked_masked_softmax_is_bit_identical(monkeypatch, dtype, bias, block):
-    """`blocked.masked_softmax` gives exactly the probabilities of the whole-tensor form and exactly its gradients
-    for the scores and the bias: with Transformer-XL's shifted (strided) bias, a broadcast bias, or none."""
-    from repro.nn import blocked
-
-    monkeypatch.setattr(blocked, "BLOCK", block)
-    g = torch.Generator(torch.get_default_device()).manual_seed(0)
-    # 108: where torch's own bf16 softmax would round differently from the float32 one converted (the tiny
-    # compressive Transformer's key length). Rows on one thread: at widths that are not a multiple of the vector
-    # width PyTorch's float32 softmax backward can differ in the last bit with the split of rows among threads.
-    k = 108
-    x0 = (torch.randn(4, 4, 32, k, generator=g) * 4).to(dtype)
-    b0 = {"none": None, "shifted": (torch.randn(4, 4, 32, k, generator=g) * 4).to(dtype),
-          "broadcast": (torch.randn(1, 4, 32, k, generator=g) * 4).to(dtype)}[bias]
-    mask = causal_mask(32, k)
-    mask[0, :2] = True  # a query that also misses memory positions (same_length)
-    up = torch.randn(4, 4, 32, k, generator=g).to(dtype)
-    outs = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for f in (_whole_tensor_softmax, blocked.masked_softmax):
-            x = x0.clone().requires_grad_()
-            bsrc = None if b0 is None else b0.clone().requires_grad_()
-            bias_t = None if bsrc is None else rel_shift(bsrc) if bias == "shifted" else bsrc
-            y = f(x.clone(), bias_t, mask)
-            y.backward(up)
-            outs.append([y, x.grad] + ([] if bsrc is None else [bsrc.grad]))
-    finally:
-        torch.set_num_threads(threads)
-    assert outs[1][0].dtype == dtype
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16"])
@@ -264,7 +207,7 @@ def test_relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precis
     """The whole attention (outputs and every gradient), in float32 and under bf16 autocast, is the same with the
     blocked softmax as with the whole-tensor lines it replaces (dropatt 0, the configs' setting). On the CPU, the
     blocked softmax's device, whatever the test device."""
-    with torch.device("cpu"), attention_kernel("eager"):
+    with torch.device("cpu"):
         _relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision)
 
 
@@ -273,6 +216,7 @@ def _relative_attention_unchanged_by_the_blocked_softmax(monkeypatch, precision)
 
     torch.manual_seed(0)
     attn = RelPartialLearnableAttention(d_model=16, n_head=2, d_head=8, dropatt=0.0)
+    set_attention_kernel(attn, "eager")  # the blocked softmax's kernel, whatever the test device
     h, mem = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
     r = sinusoid_table(relative_distances(8), 16)
     u, v = torch.randn(2, 8, requires_grad=True), torch.randn(2, 8, requires_grad=True)

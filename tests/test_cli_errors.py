@@ -2,6 +2,7 @@
 no MLflow database or run, no file in the working directory. Through the `repro` entry point, in this process
 (tracking on, pointed at a database that must not appear)."""
 
+import functools
 import os
 import time
 
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 from repro.cli.entry import main
+from repro.data.lm import LMDataModule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs/transformer_xl/tiny/enwik8_12l.yaml")
 LAMEMO = os.path.join(ROOT, "configs/lamemo/tiny/char_lamemo.yaml")
+ARENA_LTM = os.path.join(ROOT, "configs/arena/tiny/infinity.yaml")
 
 
 @pytest.fixture
@@ -183,12 +186,12 @@ def test_offline_pretrained_tokenizer_says_what_is_needed_at_once(monkeypatch, t
 
 
 def test_an_unreachable_hub_is_detected_and_set_offline(monkeypatch):
-    from repro.text import tokenizer
+    from repro.data import hf_hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.time()
-    assert tokenizer.hub_offline(timeout=1.0)
+    assert hf_hub.hub_offline(timeout=1.0)
     assert os.environ["HF_HUB_OFFLINE"] == "1" and time.time() - t0 < 3
 
 
@@ -216,7 +219,32 @@ def test_a_batch_chunk_that_does_not_divide_the_batch_is_refused(clean, capsys):
     assert line.startswith("error: --run.batch_chunk 3 does not divide the batch of 4 streams")
 
 
-def test_layer_checkpointing_of_a_model_with_a_layer_loop_of_its_own_is_refused(clean, capsys):
+def test_layer_checkpointing_of_a_model_with_memory_mechanisms_is_refused(clean, capsys):
     line = _one_line_error(capsys, ["fit", "-c", LAMEMO, "--trainer.max_steps", "1", "--run.checkpoint_layers",
                                     "true"])
-    assert line.startswith("error: --run.checkpoint_layers: LaMemo runs a layer loop")
+    assert line.startswith("error: --run.checkpoint_layers: LaMemo does not checkpoint its layers")
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("- name: ltm", "- name: ltmm", "model.init_args.mechanisms[0].name: unknown memory mechanism 'ltmm': known are"),
+    ("      n_basis: 32", "      n_basiss: 32", "model.init_args.mechanisms[0].n_basiss: ltm has no option 'n_basiss'"),
+    ("      n_basis: 32", "      n_basis: many", "model.init_args.mechanisms[0].n_basis: ltm takes int, got 'many'"),
+    ("      n_basis: 32", "      n_basis: 0", "model.init_args.mechanisms[0]: ltm.n_basis must be positive"),
+])
+def test_a_wrong_memory_mechanism_is_named_by_its_config_key(clean, capsys, tmp_path, monkeypatch, old, new, message):
+    """The mechanisms' settings are checked with the config, before the data module or the model is built."""
+    text = open(ARENA_LTM).read()
+    assert old in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    built, init = [], LMDataModule.__init__
+
+    @functools.wraps(init)
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LMDataModule, "__init__", counted)
+    line = _one_line_error(capsys, ["fit", "-c", str(bad)])
+    assert message in line, line
+    assert not built

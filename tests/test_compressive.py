@@ -199,7 +199,7 @@ def test_reconstruction_loss_matches_the_formula_and_trains_only_the_compression
 
     model.zero_grad()
     aux.backward(retain_graph=True)
-    comp_names = {n for n, _ in model.named_parameters() if n.startswith("compressors.")}
+    comp_names = {n for n, _ in model.named_parameters() if ".compressors." in n}
     for name, p in model.named_parameters():
         if name in comp_names:
             assert p.grad is not None and p.grad.abs().sum() > 0, name
@@ -256,7 +256,7 @@ def test_bad_inputs_are_refused_with_a_reason():
     assert model.supports_memory and not model.supports_kv_memory
     with torch.no_grad(), pytest.raises(ValueError, match="kv_memory=False"):
         model(tokens, None, mem_len=4, kv_memory=True)
-    with torch.no_grad(), pytest.raises(ValueError, match="2 × n_layer = 4"):
+    with torch.no_grad(), pytest.raises(ValueError, match="expects 4 = 2 \\+ 2 × 1 tensors"):
         model(tokens, [torch.zeros(1, 0, 8)] * 2, mem_len=4)
     with pytest.raises(ValueError, match="relative"):
         CompressiveTransformer(TransformerXLConfig(**SMALL, attention="absolute"), CompressiveConfig())

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from repro.data import download as dl
 from repro.data import sources
-from repro.ops import download as dl
-from repro.ops.download import (
+from repro.data.download import (
     ALGORITHMS,
     ArchiveError,
     ChecksumError,
@@ -347,7 +347,7 @@ def test_wikitext103_fallback_with_the_hub_unreachable_fails_at_once(refused_url
 
 def test_wikitext103_hugging_face_fallback(refused_url, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the fake `datasets` below stands for a reachable hub
-    monkeypatch.setattr("repro.text.tokenizer.hub_offline", lambda timeout=3.0: False)
+    monkeypatch.setattr("repro.data.sources.hub_offline", lambda timeout=3.0: False)
     rows = {split: [line + "\n" if line.strip() else "" for line in WIKI[s].split("\n")[:-1]]
             for s, split in [("train", "train"), ("valid", "validation"), ("test", "test")]}
 

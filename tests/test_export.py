@@ -1,4 +1,4 @@
-"""Export (`python -m repro.cli.export`, `repro.weights.hub.ExportedLM`): the folder loads back in one line in a fresh
+"""Export (`repro export`, `repro.weights.hub.ExportedLM`): the folder loads back in one line in a fresh
 Python process and gives the same per-token losses as the checkpoint's module; the vocabulary travels with it; a
 folder naming a class outside the repository is refused; a tiny run's exported model gives that run's test loss
 (slow: a real fit and test)."""

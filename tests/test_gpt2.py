@@ -50,14 +50,14 @@ class ConstantMemory(LayerMemory):
         self.c = torch.nn.Parameter(torch.randn(d))
         self.seen_x, self.seen_q = [], []
 
-    def init_state(self, batch, device, dtype):
-        return {"n": torch.zeros(batch, dtype=torch.long, device=device)}
+    def empty(self, batch, like):
+        return {"n": torch.zeros(batch, dtype=torch.long, device=like.device)}
 
-    def update(self, state, x):
+    def write(self, state, x):
         self.seen_x.append(x)
         return {"n": state["n"] + x.shape[1]}
 
-    def attend(self, q, state):
+    def read(self, q, state):
         self.seen_q.append(q)
         return None if int(state["n"][0]) == 0 else self.c.expand(q.shape[0], q.shape[2], -1)
 
@@ -169,11 +169,11 @@ def test_ltm_behind_the_hook_threshold_sticky_state_and_gradients():
     coef, hist = mems[0], mems[1]
     assert coef.shape == (2, 16, 32) and hist.shape == (2, 8)  # N basis coefficients; sticky histogram of K bins
     assert (hist >= 0).all() and (hist.sum(-1) > 0).all()  # attention mass per bin (the next update's sampler)
-    loss = m.nll(h, x).mean() + m.extra_loss()
+    loss = m.nll(h, x).mean() + m.aux_losses()["ltm_kl"]
     loss.backward()
     ltm = m.memories["0"].ltm
     assert ltm.gate.weight.grad.abs().sum() > 0 and ltm.mu_net.weight.grad.abs().sum() > 0
-    assert m.extra_loss() is not None and float(m.extra_loss().detach()) > 0  # λ_KL · KL
+    assert float(m.aux_losses()["ltm_kl"].detach()) > 0  # λ_KL · KL
     # generation absorbs the pending block once and reuses the memory: the same outputs
     m.eval()
     with torch.no_grad():
@@ -232,7 +232,7 @@ def test_compressive_attention_with_an_empty_memory_is_transformers_attention():
     mem = m.memories["1"]
     attn = m.lm.transformer.h[1].attn
     h = torch.randn(2, 9, 32)
-    empty = mem.init_state(2, "cpu", torch.float32)
+    empty = mem.empty(2, torch.empty(0))
     out = _layer_call(m, 1, h, empty)
     assert isinstance(out, tuple) and len(out) == 2
     ref = attn.inner(h)
@@ -323,7 +323,7 @@ def test_reconstruction_loss_trains_only_the_compression_and_the_lm_loss_the_bia
     m.train()
     x = torch.randint(0, V, (2, 6))
     _, mems = m(x, None)
-    first = m.extra_loss()
+    first = m.aux_losses()["attn_recon"]
     assert float(first) == 0.0  # nothing compressed yet: a zero that still reaches the conv (DDP)
     first.backward()
     assert all(p.grad is not None for p in m.memories.parameters())
@@ -332,7 +332,7 @@ def test_reconstruction_loss_trains_only_the_compression_and_the_lm_loss_the_bia
     rt.record_queries = True
     h, _ = m(x, mems)
     rt.record_queries = False
-    loss = m.extra_loss()
+    loss = m.aux_losses()["attn_recon"]
     # independent value: Σ_layers 0.5 · mean((attn(q, ln_1(old)) − attn(q, ln_1(f_c(old))))²)
     ref = 0.0
     for l in (0, 1):
@@ -541,8 +541,8 @@ def test_memory_stores_ln1_of_the_block_input_as_the_dialogue_code(monkeypatch):
     from papers.infinity_former.adapters import LTMLayerMemory
 
     seen = []
-    update = LTMLayerMemory.update
-    monkeypatch.setattr(LTMLayerMemory, "update", lambda self, st, x: (seen.append(x), update(self, st, x))[1])
+    write = LTMLayerMemory.write
+    monkeypatch.setattr(LTMLayerMemory, "write", lambda self, st, x: (seen.append(x), write(self, st, x))[1])
     x = torch.randint(0, V, (1, 16))
     for stores in ("block_input", "ln_1"):
         torch.manual_seed(0)
@@ -604,8 +604,8 @@ def test_one_optimiser_step_per_conversation_as_the_official_loop(dog):
         hidden, mems = ref.model(batch.input, mems, types=batch.types)
         nll = ref.model.nll(hidden, batch.target)
         mask = batch.target != -100
-        aux = ref.model.extra_loss()  # None on a conversation's first piece (empty memory)
-        loss = nll.sum() / mask.sum().clamp(min=1) + (aux if aux is not None else 0.0)
+        aux = ref.model.aux_losses()  # none on a conversation's first piece (empty memory)
+        loss = nll.sum() / mask.sum().clamp(min=1) + (sum(aux.values()) if aux else 0.0)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(ref.model.parameters(), 1.0)
     assert done == steps

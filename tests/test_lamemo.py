@@ -263,7 +263,7 @@ def test_first_segment_with_look_ahead_is_transformer_xl_and_the_second_is_not()
     txl = _randomise(TransformerXL(_cfg(2))).eval()
     lam = _randomise(LaMemo(_cfg(2))).eval()
     missing, unexpected = lam.load_state_dict(txl.state_dict(), strict=False)
-    assert missing == ["r_r_bias_future"] and not unexpected
+    assert missing == ["mechanisms.0.r_r_bias_future"] and not unexpected
     tokens = torch.randint(0, V, (2, 10))
     with torch.no_grad():
         h_a, m_a = txl(tokens[:, :5], None, mem_len=5)

@@ -2,7 +2,23 @@
 the reverse; each paper adds its commands through `repro.cli.registry`), the command layer `repro.cli` has no
 import circle and sits above the library (no library module imports it), and `repro --help` lists the shared
 commands, then each paper's under the paper's name. No source file under repro/ or papers/ is over 600
-lines (a module does one job)."""
+lines (a module does one job).
+
+Floors: every folder of `repro/` (a subpackage, or a module at its top) stands on one floor and imports only folders
+on its floor or below, and no two folders import each other, even through others. From the bottom:
+
+1. foundation: `io` (files, checkpoints), `config` (dataclasses from plain dicts), `precision` (bf16 on a CPU);
+2. research core: `nn`, `memory`, `metrics`, `data` (corpora, downloads, streams), `text` (tokenizers, documents,
+   dialogue; it stands on `data`'s downloads and streams);
+3. training and results: `lm` (the LightningModule), `callbacks`, `tracking`, `tables`, `claims`, `context`,
+   `generate`, `generate_text`, `weights` (readers and exports of trained models);
+4. operations: `ops` (benchmarks, the rehearsal's mirror, generated documentation);
+5. commands: `cli`, and `__main__`.
+
+Imports stand at the top of their file, where they are the file's map of what it stands on. One inside a function
+says why on its line or the line above: `# heavy: LIBRARY` (slow to import, or bringing one that is: the commands
+and modules that do without it start without it), `# optional: LIBRARY` (not one of the project's dependencies), or
+`# cycle: A <-> B` (breaks an import circle)."""
 
 import ast
 import subprocess
@@ -113,6 +129,99 @@ def test_no_import_circle_in_the_shared_layer():
     assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]  # the search finds one
 
 
+# the floors of the module docstring, from the bottom; a folder imports only folders on its floor or below
+FLOORS = (
+    ("foundation", ("repro.io", "repro.config", "repro.precision")),
+    ("research core", ("repro.nn", "repro.memory", "repro.metrics", "repro.data", "repro.text")),
+    ("training and results", ("repro.lm", "repro.callbacks", "repro.tracking", "repro.tables", "repro.claims",
+                              "repro.context", "repro.generate", "repro.generate_text", "repro.weights")),
+    ("operations", ("repro.ops",)),
+    ("commands", ("repro.cli", "repro.__main__")),
+)
+
+
+def _folder(module: str) -> str | None:
+    """The folder of a module of repro/: its subpackage (`repro.data.sources` → `repro.data`), or the module itself at
+    the top (`repro.lm`); None for `repro` itself (an empty `__init__.py`) and for anything outside repro/."""
+    parts = module.split(".")
+    if parts[0] != "repro" or len(parts) == 1:
+        return None
+    return ".".join(parts[:2])
+
+
+def _folder_edges() -> dict[str, dict[str, list[str]]]:
+    """folder → folder it imports → where (`repro/data/sources.py:29`), from every import of every file of repro/."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for p in sorted(REPRO.rglob("*.py")):
+        src = _folder(_module_name(p))
+        if src is None:
+            continue
+        edges.setdefault(src, {})
+        for name, line in _imports(p):
+            dst = _folder(name)
+            if dst not in (None, src) and (REPRO.joinpath(*dst.split(".")[1:]).is_dir()
+                                           or REPRO.joinpath(*dst.split(".")[1:]).with_suffix(".py").is_file()):
+                edges[src].setdefault(dst, []).append(f"{p.relative_to(ROOT)}:{line}")
+    return edges
+
+
+def test_no_import_circle_between_the_folders_of_the_shared_layer():
+    """The folders of repro/ (its subpackages, and each module at its top) import each other one way: a circle names
+    each of its steps with the first import that makes it."""
+    edges = _folder_edges()
+    found = _cycle({m: sorted(targets) for m, targets in edges.items()})
+    circle = [] if found is None else found[found.index(found[-1]):]  # without the path that led to it
+    steps = [f"{a} -> {b} ({edges[a][b][0]})" for a, b in zip(circle, circle[1:])]
+    assert found is None, "import circle between folders:\n" + "\n".join(steps)
+
+
+def test_each_folder_imports_only_its_floor_and_below():
+    floor_of = {m: i for i, (_, members) in enumerate(FLOORS) for m in members}
+    edges = _folder_edges()
+    unplaced = sorted(set(edges) - set(floor_of))
+    assert not unplaced, f"on no floor: {unplaced}; place each in FLOORS (and in the module docstring, docs/layout.md)"
+    gone = sorted(set(floor_of) - set(edges))
+    assert not gone, f"no longer under repro/: remove {gone} from FLOORS"
+    upward = [f"{a} ({FLOORS[floor_of[a]][0]}) imports {b} ({FLOORS[floor_of[b]][0]}): {', '.join(where)}"
+              for a, targets in sorted(edges.items()) for b, where in sorted(targets.items())
+              if floor_of[b] > floor_of[a]]
+    assert not upward, ("an import reaches a higher floor; move what it uses down to the floor that needs it:\n"
+                        + "\n".join(upward))
+
+
+REASONS = ("# heavy:", "# optional:", "# cycle:")
+
+
+def _unexplained_imports(text: str) -> list[int]:
+    """The lines of the imports inside a function of `text` that carry no reason (`REASONS`) on their first line or
+    on the line above."""
+    lines = text.splitlines()
+    out = []
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                    near = lines[node.lineno - 1] + ("\n" + above if above.startswith("#") else "")
+                    if not any(r in near for r in REASONS):
+                        out.append(node.lineno)
+    return sorted(set(out))
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function hides an arrow of the file's map; it is kept only for a heavy or optional library,
+    or to break a circle, and says which (see the module docstring)."""
+    files = sorted([*REPRO.rglob("*.py"), *(ROOT / "papers").rglob("*.py")])
+    offenders = [f"{p.relative_to(ROOT)}:{line}: {p.read_text().splitlines()[line - 1].strip()}"
+                 for p in files for line in _unexplained_imports(p.read_text())]
+    assert not offenders, ("imports inside functions without a reason; move each to the top of its file, or say why "
+                           "(# heavy: LIBRARY, # optional: LIBRARY, # cycle: A <-> B):\n" + "\n".join(offenders))
+    probe = ("import os\n\n\ndef f():\n    import json\n    import torch  # heavy: torch\n"
+             "    # optional: google_crc32c\n    import google_crc32c\n    import re\n\n\nclass C:\n    def g(self):\n"
+             "        from repro import io\n")
+    assert _unexplained_imports(probe) == [5, 9, 14]  # methods too; the line above counts where it is a comment
+
+
 def test_library_modules_do_not_import_the_command_layer():
     offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted(REPRO.rglob("*.py"))
                  if "cli" not in p.relative_to(REPRO).parts[:1] and p.name != "__main__.py"
@@ -191,7 +300,7 @@ def test_every_registered_command_runs_through_repro(tmp_path):
                                                                    "bench-lamemo-authors", "bench-mgk-authors",
                                                                    "bench-txl-authors", "ltm-gain",
                                                                    "bench-infinity-former-authors", "bench-sdpa",
-                                                                   "arena-budget"}
+                                                                   "arena-budget", "released"}
     for cmds in papers.values():
         for name in cmds:
             done = subprocess.run([sys.executable, "-m", "repro", name, "--help"], cwd=ROOT, capture_output=True,

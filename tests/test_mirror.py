@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from repro.data import corpora
-from repro.ops import download as dl
+from repro.data import download as dl
 from repro.ops.mirror import GPT2_VOCAB, REAL_VOCAB, build_mirror, environment, serve
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The released Transformer-XL models' commands (`python -m papers.transformer_xl.released download|evaluate`),
+"""The released Transformer-XL models' commands (`repro released download|evaluate`),
 tried as a user would against the loopback mirror serving the authors' URL layout with files the authors' TF code
 wrote (tests/parity/transformer_xl_tf/): the download records and prints each file's size and sha256 and reuses
 them offline; the evaluation converts the checkpoint, reads the released vocabulary and test split from cache.pkl
@@ -15,7 +15,7 @@ import torch
 
 from papers.transformer_xl import released
 from papers.transformer_xl.released import RELEASES, Release, TFProtocol, load_tf, tf_protocol_nll
-from repro.ops import download as dl
+from repro.data import download as dl
 from repro.ops import mirror
 from repro.weights.py2pickle import load
 

@@ -1,4 +1,4 @@
-"""The step-memory benchmark (`python -m repro.cli.stepmemory`): the profiler's running total against tensors whose
+"""The step-memory benchmark (`repro step-memory`): the profiler's running total against tensors whose
 bytes are known; a chunk's measured allocations grow with its streams and shrink with layer checkpointing; the
 estimate of a whole chunked step (state + one chunk) against that step measured whole; the settings table against
 a hand computation; a bad argument refused in one line before anything is written."""
@@ -93,7 +93,7 @@ def test_the_command_writes_a_record(tmp_path):
     table = (tmp_path / "m.md").read_text()
     assert table == stepmemory.render(record) and "| 1 | 16 | `--run.batch_chunk 1`" in table
     assert {m["streams"] for m in record["measured"]} == {1, 2} and record["batch_size"] == 16
-    assert record["provenance"]["command"].startswith("python -m repro.cli.stepmemory") \
+    assert record["provenance"]["command"].startswith("repro step-memory") \
         and record["provenance"]["torch"]
 
 

@@ -24,6 +24,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
+from repro.io import atomic_write_json, atomic_write_text
+
 BAND = 0.05  # ±5% of the reference
 REFERENCE = "txl"
 
@@ -32,11 +36,11 @@ def _flops(config: Path, overrides: dict[str, int], device: str = "meta") -> flo
     """Training FLOPs per token of `config` with `overrides` (dotted `model.init_args` keys). On the meta device
     (the default) no weight or activation is materialised: the count needs shapes only, and takes about a second
     at the papers' sizes, where a real step would take minutes on a CPU; tests pin it to the CPU count."""
-    import torch
+    import torch  # heavy: torch
 
-    from papers.arena.measure import train_flops
-    from repro.cli.cli import build
-    from repro.data.lm import Segment
+    from papers.arena.measure import train_flops  # heavy: torch
+    from repro.cli.cli import build  # heavy: Lightning
+    from repro.data.lm import Segment  # heavy: Lightning
 
     args = [a for key, value in overrides.items() for a in (f"--model.init_args.{key}", str(value))]
     cli = build([str(config)], args, meta=device == "meta")
@@ -55,8 +59,6 @@ def _flops(config: Path, overrides: dict[str, int], device: str = "meta") -> flo
 
 
 def _setting(config: Path) -> dict[str, int]:
-    import yaml
-
     ia = yaml.safe_load(config.read_text())["model"]["init_args"]
     return {"memory.mem_len": int(ia.get("memory", {}).get("mem_len", 0)), "model.n_layer": int(ia["model"]["n_layer"])}
 
@@ -121,10 +123,6 @@ def equalise(config: Path, reference: float, *, tgt_len: int) -> dict:
 
 def write_config(config: Path, result: dict, reference: float, prefix: str = "") -> Path:
     """`NAME_eqflops.yaml`: the contestant's config with the budget's settings, and a header that says so."""
-    import yaml
-
-    from repro.io import atomic_write_text
-
     cfg = yaml.safe_load(config.read_text())
     ia = cfg["model"]["init_args"]
     for key, value in result["setting"].items():
@@ -151,9 +149,6 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", default="results/arena/budget", help="folder of the record PROFILE.json")
     ap.add_argument("--prefix", default="", help="the contestants' name prefix (paper: enwik8_, the corpus)")
     args = ap.parse_args(argv)
-    import yaml
-
-    from repro.io import atomic_write_json
 
     folder = Path(args.configs) / args.profile
     ref_config = folder / f"{args.prefix}{REFERENCE}.yaml"

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
+from papers.arena import budget
+
 
 def arena_budget(argv: list[str]) -> None:
-    from papers.arena import budget
-
     budget.main(argv)
 
 

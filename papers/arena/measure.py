@@ -58,7 +58,12 @@ from itertools import islice
 
 import torch
 
+from repro.io import atomic_write_json
+from repro.metrics import scored
+from repro.ops.memtrack import TensorPeak
+from repro.ops.rss import peak_rss_mb
 from repro.ops.timing import autocast, count_flops, timed
+from repro.tracking import hardware
 
 EVAL_TOKENS = 8_192  # test tokens per evaluation memory length (26 segments of 10 × 32 in the tiny profile)
 CONTEXT_MULTIPLES = (0, 0.5, 1, 2, 4)  # evaluation memory lengths, in evaluation segments
@@ -125,7 +130,7 @@ def train_flops(module, batches, *, precision: str = "32", device=None) -> dict:
         loss, _ = _train_loss(module, batch, state["mems"], precision, device)
         loss.backward()
 
-    flops = count_flops(step)
+    flops = count_flops(step, module)
     module.zero_grad(set_to_none=True)
     tokens = batch.target.numel()
     return {"per_step": flops, "tokens": tokens, "per_token": flops / tokens, "batch_size": batch.input.shape[0],
@@ -140,8 +145,6 @@ def _eval_state(module, split: str):
 def evaluate(module, batches, *, mem_len: int | None = None, precision: str = "32", device=None) -> dict:
     """Loss over `batches` (from the start of a stream) by the module's own evaluation path, with the short memory
     at `mem_len` (the sliding protocol: windows of segment + `mem_len` tokens); None: the config's."""
-    from repro.metrics import scored
-
     device = device or next(module.parameters()).device
     saved = module.eval_memory, module.eval_protocol
     batches = list(batches)
@@ -179,7 +182,7 @@ def eval_flops(module, batches, *, precision: str = "32") -> dict:
         with torch.inference_mode(), autocast(device, precision):
             n, full = warm_up(lambda: module._eval_step("test", next(batches)), lambda: _eval_state(module, "test"))
             batch = next(batches)
-            flops = count_flops(lambda: module._eval_step("test", batch))
+            flops = count_flops(lambda: module._eval_step("test", batch), module)
     finally:
         module._eval_start("test")
     return {"per_token": flops / batch.target.numel(), "fill_segments": n, "memory_full": full}
@@ -189,8 +192,6 @@ def throughput(module, train_batches, test_batches, *, precision: str, clip: flo
                steps: int) -> dict:
     """Tokens per second of training steps (forward, backward, clip, the module's Adam) and evaluation steps, and
     the peak of a training forward's tensors. Updates the weights: call it last."""
-    from repro.ops.memtrack import TensorPeak
-
     device = next(module.parameters()).device
     module.train()
     opt = module.make_optimizer()
@@ -276,7 +277,6 @@ def measure(module, dm, *, precision: str, clip: float | None, rehearsal: bool =
     speed = throughput(module, _stream(dm, "train", device), _stream(dm, "test", device), precision=precision,
                        clip=clip, warmup=warm, steps=steps)
     phases["throughput"] = time.perf_counter() - t0 - sum(phases.values())
-    from repro.ops.rss import peak_rss_mb
 
     return {"parameters": total, "non_embedding_parameters": non_emb,
             "train_flops_per_token": flops["per_token"], "train_flops": flops,
@@ -288,7 +288,7 @@ def measure(module, dm, *, precision: str, clip: float | None, rehearsal: bool =
 
 
 def _load(configs: list[str], checkpoint: str):
-    from repro.cli.cli import build
+    from repro.cli.cli import build  # heavy: Lightning
 
     cli = build(configs)
     module, dm = cli.model, cli.datamodule
@@ -299,9 +299,7 @@ def _load(configs: list[str], checkpoint: str):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from repro.io import atomic_write_json
-    from repro.ops.bench import environment
-    from repro.tracking import hardware
+    from repro.ops.bench import environment  # heavy: Lightning
 
     ap = argparse.ArgumentParser(prog="python -m papers.arena.measure", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,9 +10,10 @@ score, with the model's v bias and the layer's `r_net`). The score of query i an
 a masked softmax over j, then the values. Neither paper defines this combination: MGK's language models use
 absolute positions and no memory, Transformer-XL's content terms (a) + (c) are dot products. Here the mixture's
 distance score takes the place of (a) + (c) (so the u bias is unused) and the position terms stay as they are.
-The look-ahead variant computes LaMemo's look-ahead (memory rows attend to the window on their right, with the
-future position table and v₊, interpolated with their carried vectors by the log-normalisers) with the same
-score: the union-of-key-sets identity behind the interpolation holds for any scores, these included.
+The look-ahead variant runs LaMemo's look-ahead itself (`papers.lamemo.model.LaMemoAttention.look_ahead`: memory
+rows attend to the window on their right, with the future position table and v₊, interpolated with their carried
+vectors by the log-normalisers) through its score hooks, which this attention gives: the union-of-key-sets
+identity behind the interpolation holds for any scores, these included.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 
 import torch
 
-from papers.lamemo.model import interpolate, window_position_scores
+from papers.lamemo.model import LaMemoAttention
 from papers.mgk.attention import MGKAttention
 from repro.nn.attention import rel_shift
 from repro.nn.dropout import dropout_matmul
@@ -29,7 +30,8 @@ from repro.nn.dropout import dropout_matmul
 
 class RelativeMGKAttention(MGKAttention):
     """MGK attention over [memory; segment] with Transformer-XL's relative position terms. `pos` is
-    (r_KD, u_HE, v_HE); the interface of `repro.nn.attention` (returns (output, None): no key/value memory)."""
+    (r_KD, u_HE, v_HE); the interface of `repro.nn.attention` (returns (output, None): no key/value memory). Its
+    score hooks (`rows`, `key_window`, `position_scores`, `scored`) are those `LaMemoAttention.look_ahead` runs."""
 
     def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float, **mgk):
         super().__init__(d_model=d_model, n_head=n_head, d_head=d_head, dropatt=dropatt, **mgk)
@@ -38,60 +40,54 @@ class RelativeMGKAttention(MGKAttention):
         self.r_net = torch.nn.Linear(d_model, n_head * d_head, bias=False)  # W_kR
         self.scale = 1.0 / math.sqrt(d_head)
 
+    def rows(self, x_BKD):
+        """Queries (B, H, K, E), mixture keys (B, H, R, K, E) and values (B, H, K, E) of every row of x."""
+        return self.proj(x_BKD, x_BKD)
+
+    @staticmethod
+    def key_window(k_BHRKE, start: int, end: int):
+        return k_BHRKE[:, :, :, start:end]
+
     def position_scores(self, q_BHTE, r_KD, v_HE):
         """Terms (b) + (d): (q_i + v) · W_R R_{i−j} / √E, (B, H, T, K)."""
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
         return rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK.to(q_BHTE.dtype))
 
-    def attend(self, q_BHTE, k_BHRKE, v_BHKE, mask, bias):
-        """(vectors (B, H, T, E), log-normalisers (B, H, T) float32) of the mixture scores plus `bias`."""
+    def scored(self, q_BHTE, k_BHRKE, v_BHKE, u_HE, position_BHTK, bias_TK, *, record: bool = False):
+        """(vectors (B, H, T, E), log-normalisers (B, H, T) float32) of the mixture scores plus the position term,
+        masked where `bias_TK` is −inf; the content bias u has no place in a distance score and is unused."""
+        mask = torch.isinf(bias_TK) if bias_TK is not None else torch.zeros_like(position_BHTK, dtype=torch.bool)
         prob, lse = self.joint_probabilities(q_BHTE.float(), k_BHRKE.float(), mask, with_lse=True,
-                                             score_bias=bias.float())
+                                             score_bias=position_BHTK.float())
         return dropout_matmul(prob.sum(-2), v_BHKE, self.dropatt), lse
+
+    def output(self, vec_BHTE):
+        b, _, t, _ = vec_BHTE.shape
+        return self.o_net(vec_BHTE.transpose(1, 2).reshape(b, t, -1))
 
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         if kv_mem is not None:
             raise ValueError("MGK inside Transformer-XL keeps hidden states, not keys and values")
-        r_KD, _, v_HE = pos[:3]
+        r_KD, u_HE, v_HE = pos[:3]
         src = torch.cat([mem_BMD.to(h_BTD.dtype), h_BTD], dim=1) if mem_BMD is not None and mem_BMD.shape[1] \
             else h_BTD
         q, k, v = self.proj(h_BTD, src)
-        vec, _ = self.attend(q, k, v, mask_TK, self.position_scores(q, r_KD, v_HE))
-        b, t, _ = h_BTD.shape
-        return self.o_net(vec.transpose(1, 2).reshape(b, t, -1)), None
+        mask = torch.zeros(mask_TK.shape, dtype=torch.float32, device=mask_TK.device).masked_fill_(mask_TK,
+                                                                                                   float("-inf"))
+        vec, _ = self.scored(q, k, v, u_HE, self.position_scores(q, r_KD, v_HE), mask)
+        return self.output(vec), None
 
 
 class LookAheadMGKAttention(RelativeMGKAttention):
-    """`RelativeMGKAttention` that also refreshes memory rows by LaMemo's look-ahead (`look_ahead`, the interface
-    of `papers.lamemo.model.LaMemoAttention.look_ahead`: `layer_look_ahead` calls it)."""
+    """`RelativeMGKAttention` that also refreshes memory rows by LaMemo's look-ahead: `look_ahead` and
+    `window_scores` are `LaMemoAttention`'s own, run on this attention's score hooks (`layer_look_ahead` calls
+    `look_ahead`). LaMemo's `full` variant (the causal table in the window) is not defined for it."""
+
+    look_ahead = LaMemoAttention.look_ahead
+    window_scores = LaMemoAttention.window_scores
+    full = False
 
     def __init__(self, *, full: bool = False, **kw):
         if full:
             raise ValueError("MGK with look-ahead takes the variants disentangled, txl or disentangled_v2")
         super().__init__(**kw)
-
-    def look_ahead(self, x_BKD, m: int, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
-                   memory_output: bool = True):
-        r_KD, _, v_HE, r_fut_MD, _, v_fut_HE, window = pos
-        b, k_len, _ = x_BKD.shape
-        q, k, v = self.proj(x_BKD, x_BKD)  # queries of every row; keys (B, H, R, K, E); values (B, H, K, E)
-        q_cur = q[:, :, m:]
-        vec, lse = self.attend(q_cur, k, v, torch.isinf(bias_TK), self.position_scores(q_cur, r_KD, v_HE))
-        out_cur = self.o_net(vec.transpose(1, 2).reshape(b, k_len - m, -1))
-        vec_cur, lse_cur = vec.transpose(1, 2), lse.transpose(1, 2)
-        if memory_output and first:
-            raise ValueError("the memory rows' output needs every memory row refreshed (first = 0)")
-        if first >= m:
-            empty = x_BKD.new_empty(b, 0, x_BKD.shape[2]) if memory_output else None
-            return out_cur, empty, None, None, vec_cur, lse_cur
-        start, index_MW, bias_MW = window
-        qm = q[:, :, first:m]
-        r_HEN = self.r_net(r_fut_MD).view(-1, self.n_head, self.d_head).permute(1, 2, 0).to(qm.dtype)
-        bd = window_position_scores((qm + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m, t=k_len - m,
-                                    first=first, full=False)
-        mask = torch.isinf(bias_MW[first:]) if bias_MW is not None else torch.zeros_like(bd, dtype=torch.bool)
-        vec_new, lse_new = self.attend(qm, k[:, :, :, start : m + 1], v[:, :, start : m + 1], mask, bd)
-        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new.transpose(1, 2),
-                                       lse_new.transpose(1, 2))
-        out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
-        return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur

@@ -26,6 +26,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from repro import claims
+from repro.io import atomic_path
 from repro.tables import REHEARSAL, Cell, Results, Table, provenance, unlearned_cell
 
 NAME = "arena"
@@ -86,8 +90,6 @@ def _configs(profile: str, configs: Path) -> list[Path]:
 def corpora(profile: str, configs: Path = CONFIGS) -> list[str]:
     """The name prefixes that split a profile into one table per corpus: `["enwik8_", "wt103_"]` where every
     contestant's config is named `<its corpus>_NAME` (the paper profile), else `[""]` (one table)."""
-    import yaml
-
     found = set()
     for p in _configs(profile, configs):
         corpus = (yaml.safe_load(p.read_text()).get("data") or {}).get("init_args", {}).get("corpus")
@@ -296,10 +298,10 @@ def _label(ax, fig, points: list[Point], size: float = 8) -> None:
 def plot_pareto(points: list[Point], out: Path, *, title: str, ylabel: str = "test bpc") -> Path | None:
     if not points:
         return None
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     rest = [p for p in points if not p.front]
@@ -315,7 +317,6 @@ def plot_pareto(points: list[Point], out: Path, *, title: str, ylabel: str = "te
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from repro.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
@@ -390,8 +391,6 @@ CLAIMS_SMALL = CONFIGS / "small" / "claims.yaml"
 
 def claims_table(results: Results) -> Table:
     """The small profile's pre-registered claims (configs/arena/small/claims.yaml), decided by `repro.claims`."""
-    from repro import claims
-
     found = claims.verdicts(results, "small", CLAIMS_SMALL)
     return claims.table("claims_small", "Memory arena — pre-registered claims of the small profile", found,
                         profile="small")

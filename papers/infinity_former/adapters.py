@@ -42,7 +42,7 @@ these choices:
   `compressive.py`: the queries of the block that first reads the new slots (the block at whose start they were
   compressed), keys/values of the evicted raw states against those of their compression through the layer's
   detached ln_1 and c_attn, content attention without mask, bias or output projection, mean squared error,
-  times `recon_weight`, summed over layers (`extra_loss`). The slots entering the memory are detached, so the LM
+  times `recon_weight`, summed over layers (`aux_losses`). The slots entering the memory are detached, so the LM
   loss does not train the Conv1d; it trains the positional bias. On a step where nothing was compressed the loss
   is a zero that touches every memory parameter (DDP).
 """
@@ -55,7 +55,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from papers.infinity_former.compressive import Compression, CompressiveConfig, reconstruction_error
 from papers.infinity_former.hooks import LayerMemory, MemoryHook, WindowMemory
+from papers.infinity_former.ltm import ContinuousLTM, LTMConfig, attention_histogram, kl_regulariser
 
 
 class LTMLayerMemory(LayerMemory):
@@ -66,7 +68,6 @@ class LTMLayerMemory(LayerMemory):
 
     def __init__(self, d_model: int, n_head: int, ltm: dict | None = None, threshold: int | None = None):
         super().__init__()
-        from papers.infinity_former.ltm import ContinuousLTM, LTMConfig
 
         args = dict(ltm or {})
         if isinstance(args.get("widths"), list):
@@ -78,22 +79,20 @@ class LTMLayerMemory(LayerMemory):
         self.ltm = ContinuousLTM(d_model=d_model, n_head=n_head, d_head=d_model // n_head, cfg=self.cfg)
         self._loss: torch.Tensor | None = None
 
-    def init_state(self, batch, device, dtype):
-        return {"coef": torch.zeros(batch, 0, self.d_model, device=device),
-                "hist": torch.zeros(batch, 0, device=device),
-                "count": torch.zeros(batch, dtype=torch.long, device=device)}
+    def empty(self, batch, like):
+        return {"coef": torch.zeros(batch, 0, self.d_model, device=like.device),
+                "hist": torch.zeros(batch, 0, device=like.device),
+                "count": torch.zeros(batch, dtype=torch.long, device=like.device)}
 
-    def update(self, state, x_BLD):
+    def write(self, state, x_BLD):
         if self.threshold is not None and bool((state["count"] >= self.threshold).any()):
-            state = self.init_state(x_BLD.shape[0], x_BLD.device, x_BLD.dtype)  # the official memory threshold
+            state = self.empty(x_BLD.shape[0], x_BLD)  # the official memory threshold
         coef = state["coef"] if state["coef"].shape[1] else None
         hist = state["hist"] if state["hist"].shape[-1] else None
         coef, _ = self.ltm.update(coef, x_BLD, hist_BK=hist)  # refit (§3.2), sticky sample points (§3.3)
         return {"coef": coef, "hist": state["hist"], "count": state["count"] + x_BLD.shape[1]}
 
-    def attend(self, q_BHTd, state):
-        from papers.infinity_former.ltm import attention_histogram, kl_regulariser
-
+    def read(self, q_BHTd, state):
         self._loss = None
         if state["coef"].shape[1] == 0:
             return None
@@ -107,8 +106,8 @@ class LTMLayerMemory(LayerMemory):
             self._loss = self.cfg.kl_weight * kl.mean()
         return out
 
-    def extra_loss(self):
-        return self._loss
+    def aux_losses(self):
+        return {"ltm_kl": self._loss} if self._loss is not None else {}
 
 
 class CompressiveLayerMemory(LayerMemory):
@@ -130,7 +129,6 @@ class CompressiveLayerMemory(LayerMemory):
     def __init__(self, d_model: int, n_head: int, cmem_len: int = 512, rate: int = 4,
                  compression: Literal["conv", "max_pool", "mean_pool"] = "conv", recon_weight: float = 1.0):
         super().__init__()
-        from papers.infinity_former.compressive import Compression, CompressiveConfig
 
         if cmem_len <= 0:
             raise ValueError(f"the compressive memory needs cmem_len > 0, got {cmem_len}")
@@ -144,11 +142,10 @@ class CompressiveLayerMemory(LayerMemory):
         self._recon: tuple[torch.Tensor, torch.Tensor] | None = None  # (evicted states, their compression)
         self._loss: torch.Tensor | None = None
 
-    def init_state(self, batch, device, dtype):
-        return {"cmem": torch.zeros(batch, 0, self.d_model, device=device, dtype=dtype),
-                "rest": torch.zeros(batch, 0, self.d_model, device=device, dtype=dtype)}
+    def empty(self, batch, like):
+        return {"cmem": like.new_zeros(batch, 0, self.d_model), "rest": like.new_zeros(batch, 0, self.d_model)}
 
-    def update(self, state, x_BLD):
+    def write(self, state, x_BLD):
         """Compress every complete group of c states of [rest; x] (Rae et al. Algorithm 1, f_c) and push the slots
         into the FIFO; the < c newest states wait in `rest`. The slots entering the memory are detached (the LM
         loss does not train f_c); with gradients on, the Conv1d output is kept for this block's reconstruction."""
@@ -170,7 +167,7 @@ class CompressiveLayerMemory(LayerMemory):
             cmem = cmem[:, max(0, cmem.shape[1] - self.cmem_len):]
         return {"cmem": cmem, "rest": rest.to(cmem.dtype)}
 
-    def attend(self, q_BHTd, state):
+    def read(self, q_BHTd, state):
         raise RuntimeError("the compressive memory extends the self-attention itself: see `self_attention`")
 
     def self_attention(self, inner: nn.Module, ln: nn.LayerNorm, h_BTD: torch.Tensor, state: dict[str, torch.Tensor],
@@ -234,8 +231,6 @@ class CompressiveLayerMemory(LayerMemory):
     def _reconstruction_error(self, inner, ln, q_BHTd, old_BOD, new_BCD) -> torch.Tensor:
         """Rae et al. Algorithm 2 (`compressive.reconstruction_error`) with this block's queries and the layer's
         ln_1 / key / value weights, all detached: the gradient reaches f_c only."""
-        from papers.infinity_former.compressive import reconstruction_error
-
         b, nh, t, hd = q_BHTd.shape
 
         def keys_values(m_BND):
@@ -244,8 +239,8 @@ class CompressiveLayerMemory(LayerMemory):
 
         return reconstruction_error(q_BHTd.detach() * inner.scaling, keys_values, old_BOD, new_BCD)
 
-    def extra_loss(self):
-        return self._loss
+    def aux_losses(self):
+        return {"attn_recon": self._loss} if self._loss is not None else {}
 
 
 def build_layer_memory(hook: MemoryHook, d_model: int, n_head: int, layer: int) -> LayerMemory:

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from papers.infinity_former.gpt2 import PRETRAINED_SHAPES, GPT2Settings, GPT2WithMemory
 from papers.infinity_former.hooks import MemoryHook
 from papers.infinity_former.ltm import LTMConfig
 from papers.infinity_former.model import InfinityFormer
@@ -194,12 +195,12 @@ def load_official_gpt2(checkout: Path, copy: str):
     """Their `modeling_gpt2.py` (`copy`: a key of GPT2_DIRS) with its `...` imports answered by the installed
     `transformers`; returns (the module, the package root it was imported under)."""
     # transformers is imported for --model gpt2_lm only: seconds that the sorting model does not need
-    import transformers.activations
-    import transformers.configuration_utils
-    import transformers.modeling_outputs
-    import transformers.modeling_utils
-    import transformers.pytorch_utils
-    import transformers.utils
+    import transformers.activations  # heavy: transformers
+    import transformers.configuration_utils  # heavy: transformers
+    import transformers.modeling_outputs  # heavy: transformers
+    import transformers.modeling_utils  # heavy: transformers
+    import transformers.pytorch_utils  # heavy: transformers
+    import transformers.utils  # heavy: transformers
 
     folder = Path(checkout) / GPT2_DIRS[copy]
     if not (folder / "modeling_gpt2.py").is_file():
@@ -242,7 +243,7 @@ def load_official_gpt2(checkout: Path, copy: str):
 def gpt2_shims():
     """While their GPT-2 is built: `init_weights` (transformers 4.5's name) ties the output layer to the input
     embedding and draws nothing; `get_head_mask` gives no mask (both gone from the installed transformers)."""
-    import transformers.modeling_utils
+    import transformers.modeling_utils  # heavy: transformers
 
     pretrained = transformers.modeling_utils.PreTrainedModel
     saved = pretrained.init_weights, getattr(pretrained, "get_head_mask", None)
@@ -289,8 +290,6 @@ def official_gpt2_lm(checkout: Path, device: str = "cpu"):
 def our_gpt2_lm(path: Path, device: str):
     """Ours from a GPT-2 config (`configs/infinity_former/*/gpt2_*.yaml`) at GPT-2 small's shapes, random weights."""
     # imports Lightning and transformers: for --model gpt2_lm only
-    from papers.infinity_former.gpt2 import PRETRAINED_SHAPES, GPT2Settings, GPT2WithMemory
-
     init = yaml.safe_load(Path(path).read_text())["model"]["init_args"]
     if (init.get("memory_hook") or {}).get("kind") != "ltm":
         raise SystemExit(f"{PROG}: {path} is not an ∞-former GPT-2 config "
@@ -460,8 +459,8 @@ def run_gpt2(checkout: Path, *, config: Path = DEFAULT_GPT2_CONFIG, precision: s
         x = next(stream["ours"])
         hidden, mems[0] = ours(x, mems[0])
         loss = ours.nll(hidden[:, :-1], x[:, 1:]).mean()
-        aux = ours.extra_loss()
-        (loss + aux if aux is not None else loss).backward()
+        aux = ours.aux_losses()
+        (loss + sum(aux.values()) if aux else loss).backward()
 
     codes = {"theirs": (theirs, step_theirs, their_anomaly), "theirs_no_anomaly": (theirs, step_theirs, False),
              "ours": (ours, step_ours, False)}

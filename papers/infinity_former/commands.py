@@ -7,11 +7,13 @@ imports neither torch nor the commands' modules."""
 
 from __future__ import annotations
 
+import argparse
+
+from papers.infinity_former import stability
+
 
 def bench_context(argv: list[str]) -> None:
-    import argparse
-
-    from papers.infinity_former import context_cost
+    from papers.infinity_former import context_cost  # heavy: Lightning
 
     parser = argparse.ArgumentParser(prog="repro bench-context", description=HELP)
     context_cost.add_arguments(parser)
@@ -19,13 +21,11 @@ def bench_context(argv: list[str]) -> None:
 
 
 def ltm_gain(argv: list[str]) -> None:
-    from papers.infinity_former import stability
-
     stability.main(argv)
 
 
 def bench_authors(argv: list[str]) -> None:
-    from papers.infinity_former import bench_authors as bench
+    from papers.infinity_former import bench_authors as bench  # heavy: Lightning
 
     bench.main(argv)
 

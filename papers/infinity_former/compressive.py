@@ -47,7 +47,7 @@ Where this differs from Rae et al. (and why):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -55,8 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
-from repro.memory import update_memory
-from repro.nn.attention import causal_mask, relative_distances, sinusoid_table
+from repro.config import coerce
+from repro.memory import MemoryMechanism, evict_oldest, register
 
 
 @dataclass(frozen=True)
@@ -119,30 +119,90 @@ class Compression(nn.Module):
         return y.transpose(1, 2)  # (B, O/c, D)
 
 
-class CompressiveTransformer(TransformerXL):
-    """`TransformerXL` with a compressed memory: `forward(tokens, mems, mem_len=…) -> (hidden, new_mems)` with the
-    memory layout of the module docstring; `aux_losses()` gives the attention-reconstruction loss of the last
-    forward pass (empty when no gradient was being recorded or nothing is trainable)."""
+@register("compressive")
+class CompressiveMemory(MemoryMechanism):
+    """The compressed memory as a mechanism of the backbone's loop (`repro.memory.MemoryMechanism`).
 
-    supports_memory = True
-    supports_kv_memory = False
+    State per layer: (cmem (B, C ≤ cmem_len, D),), attended before the short memory. Evicts whole groups of c rows
+    (`split_overflow`), compresses them (`Compression`) and pushes them into the FIFO; with `cmem_len` 0 it keeps
+    Transformer-XL's eviction and an empty compressed memory (the model is then Transformer-XL)."""
+
+    slots = ("cmem",)
+    settings = CompressiveConfig
+
+    def __init__(self, cfg: TransformerXLConfig, **options):
+        super().__init__()
+        self.comp = coerce(CompressiveConfig, options)
+        self.pre_lnorm = cfg.pre_lnorm
+        self.compressors = nn.ModuleList(Compression(d_model=cfg.d_model, rate=self.comp.rate,
+                                                     kind=self.comp.compression)
+                                         for _ in range(cfg.n_layer if self.comp.cmem_len > 0 else 0))
+        self.context_len = self.comp.cmem_len
+        self._errors: list[torch.Tensor] = []
+        self._train = False
+
+    def empty(self, batch, like):
+        return (like.new_empty(batch, 0, like.shape[-1]),)
+
+    def begin(self) -> None:
+        self._errors = []
+        params = [p for p in self.compressors.parameters() if p.requires_grad]
+        self._train = torch.is_grad_enabled() and bool(params) and self.comp.recon_weight > 0
+
+    def context(self, i, state):
+        return state[0]
+
+    def evict(self, short_BMD, new_BTD, mem_len):
+        if self.comp.cmem_len == 0:  # Transformer-XL: the oldest rows are dropped
+            return evict_oldest(short_BMD, new_BTD, mem_len)
+        return split_overflow(short_BMD, new_BTD, mem_len=mem_len, rate=self.comp.rate)
+
+    def write(self, i, layer, state, evicted_BOD, inputs_BTD):
+        (cmem,) = state
+        if self.comp.cmem_len == 0:
+            return (cmem,)
+        if evicted_BOD.shape[1]:
+            with torch.set_grad_enabled(self._train):
+                new_BCD = self.compressors[i](evicted_BOD)
+            if self._train:
+                self._errors.append(self._reconstruction_error(layer, inputs_BTD.detach(), evicted_BOD, new_BCD))
+            new_BCD = new_BCD.detach().to(evicted_BOD.dtype)
+            cmem = torch.cat([cmem.to(new_BCD.dtype), new_BCD], dim=1) if cmem.shape[1] else new_BCD
+        return (cmem[:, max(0, cmem.shape[1] - self.comp.cmem_len):].detach(),)
+
+    def _reconstruction_error(self, layer, h_BTD, old_BOD, new_BCD):
+        if not hasattr(layer.attn, "qkv_net"):
+            raise ValueError("the compressive memory's reconstruction loss attends with a softmax attention's "
+                             "projections: combine it with the default score, not mgk")
+        return layer_reconstruction_error(layer, h_BTD, old_BOD, new_BCD, pre_lnorm=self.pre_lnorm)
+
+    def aux_losses(self):
+        """{"attn_recon": recon_weight · Σ_layers reconstruction error} of the last forward pass (already weighted),
+        or nothing when no gradient was recorded or nothing is trainable."""
+        if not self._train:
+            return {}
+        params = [p for p in self.compressors.parameters() if p.requires_grad]
+        # a zero that touches every compression weight when nothing was evicted keeps DDP's reducer satisfied
+        total = torch.stack(self._errors).sum() if self._errors else sum(p.sum() for p in params) * 0.0
+        return {"attn_recon": self.comp.recon_weight * total}
+
+
+class CompressiveTransformer(TransformerXL):
+    """`TransformerXL` with the compressed memory (`CompressiveMemory`) in its loop: `forward(tokens, mems,
+    mem_len=…) -> (hidden, new_mems)` with the memory layout of the module docstring; `aux_losses()` gives the
+    attention-reconstruction loss of the last forward pass."""
 
     def __init__(self, cfg: TransformerXLConfig, comp: CompressiveConfig):
         if cfg.attention != "relative":
             raise ValueError("the compressive transformer uses relative positions: set model.attention: relative")
-        super().__init__(cfg)  # the backbone draws its weights first, so cmem_len = 0 gives Transformer-XL's
+        super().__init__(cfg, [(CompressiveMemory, asdict(comp))])  # the backbone draws its weights first
         self.comp = comp
-        self.compressors = (
-            nn.ModuleList(Compression(d_model=cfg.d_model, rate=comp.rate, kind=comp.compression)
-                          for _ in range(cfg.n_layer))
-            if comp.cmem_len > 0 else None
-        )
-        self._aux: dict[str, torch.Tensor] = {}
+        self.register_load_state_dict_pre_hook(_renamed_compressors)
 
-    def aux_losses(self) -> dict[str, torch.Tensor]:
-        """{"attn_recon": recon_weight · Σ_layers reconstruction error} of the last forward pass (already weighted:
-        add it to the loss as is)."""
-        return dict(self._aux)
+    @property
+    def compressors(self) -> nn.ModuleList | None:
+        """f_c of each layer (None without a compressed memory)."""
+        return self.mechanisms[0].compressors if self.comp.cmem_len > 0 else None
 
     def split_memory(self, mems: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(short memories, compressed memories), one tensor per layer each."""
@@ -154,76 +214,11 @@ class CompressiveTransformer(TransformerXL):
             )
         return list(mems[:n]), list(mems[n:])
 
-    # ------------------------------------------------------------------------------------------------- forward
-    def forward(
-        self,
-        tokens_BT: torch.Tensor,
-        mems: list[torch.Tensor] | None,
-        *,
-        mem_len: int,
-        clamp_len: int = -1,
-        same_length: bool = False,
-        kv_memory: bool = False,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the segment (B, T, D) and the next memory (2 × n_layer tensors, see the docstring)."""
-        if kv_memory:
-            raise ValueError(
-                "the compressive transformer keeps hidden states (its compressed slots are re-projected with the "
-                "current weights), not keys and values: call it with kv_memory=False (SegmentLM does so because "
-                "supports_kv_memory is False)"
-            )
-        if mem_len < 0:
-            raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
-        cfg = self.cfg
-        b, t = tokens_BT.shape
-        emb = self.word_emb(tokens_BT)
-        if not mems:
-            mems = [emb.new_empty(b, 0, cfg.d_model) for _ in range(2 * cfg.n_layer)]
-        short, cmem = self.split_memory(mems)
-        m, c = short[0].shape[1], cmem[0].shape[1]
-        k = c + m + t
-        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len + self.comp.cmem_len,
-                              device=emb.device)
-        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), cfg.d_model)
-        h = self.drop(emb)  # dropout draws in the backbone's order: embedding, then positions
-        pos = (self.drop(pos_KD.to(emb.dtype)), self.r_w_bias, self.r_r_bias)
-        inputs = []
-        for layer, mem_s, mem_c in zip(self.layers, short, cmem):
-            ctx_BMD = torch.cat([mem_c.to(mem_s.dtype), mem_s], dim=1) if c else mem_s  # [cmem; mem]
-            inputs.append(h)
-            h, _ = layer(h, mem_BMD=ctx_BMD, mask_TK=mask_TK, pos=pos)
-        new_mems, self._aux = self._update_memory(short, cmem, inputs, mem_len=mem_len)
-        return self.drop(h), new_mems
 
-    def _update_memory(self, short, cmem, inputs, *, mem_len: int):
-        """Algorithm 1's bookkeeping after the layers: evict, compress, push (FIFO), plus Algorithm 2's loss."""
-        comp = self.comp
-        if comp.cmem_len == 0:  # Transformer-XL: evicted states are dropped
-            empty = [x.new_empty(x.shape[0], 0, x.shape[2]) for x in inputs]
-            return update_memory(short, inputs, mem_len=mem_len) + empty, {}
-        params = [p for p in self.compressors.parameters() if p.requires_grad]
-        train_f = torch.is_grad_enabled() and bool(params) and comp.recon_weight > 0
-        new_short, new_cmem, errors = [], [], []
-        for i, (mem_s, mem_c, h_BTD) in enumerate(zip(short, cmem, inputs)):
-            kept_BMD, old_BOD = split_overflow(mem_s, h_BTD, mem_len=mem_len, rate=comp.rate)
-            new_short.append(kept_BMD)
-            if old_BOD.shape[1]:
-                with torch.set_grad_enabled(train_f):
-                    new_BCD = self.compressors[i](old_BOD)
-                if train_f:
-                    errors.append(self._reconstruction_error(i, h_BTD.detach(), old_BOD, new_BCD))
-                new_BCD = new_BCD.detach().to(kept_BMD.dtype)
-                mem_c = torch.cat([mem_c.to(new_BCD.dtype), new_BCD], dim=1) if mem_c.shape[1] else new_BCD
-            new_cmem.append(mem_c[:, max(0, mem_c.shape[1] - comp.cmem_len):].detach())
-        aux = {}
-        if train_f:
-            # a zero that touches every compression weight when nothing was evicted keeps DDP's reducer satisfied
-            total = torch.stack(errors).sum() if errors else sum(p.sum() for p in params) * 0.0
-            aux["attn_recon"] = comp.recon_weight * total
-        return new_short + new_cmem, aux
-
-    def _reconstruction_error(self, i: int, h_BTD, old_BOD, new_BCD) -> torch.Tensor:
-        return layer_reconstruction_error(self.layers[i], h_BTD, old_BOD, new_BCD, pre_lnorm=self.cfg.pre_lnorm)
+def _renamed_compressors(module, state_dict, prefix, *args) -> None:
+    """Checkpoints of the model before its compressed memory became a mechanism held `compressors.*` at the top."""
+    for key in [k for k in state_dict if k.startswith(prefix + "compressors.")]:
+        state_dict[prefix + "mechanisms.0." + key[len(prefix):]] = state_dict.pop(key)
 
 
 def layer_reconstruction_error(layer: nn.Module, h_BTD, old_BOD, new_BCD, *, pre_lnorm: bool) -> torch.Tensor:

@@ -26,6 +26,9 @@ import torch
 from papers.infinity_former.ltm import LTMConfig
 from papers.infinity_former.model import InfinityFormer
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.io import atomic_write_text
+from repro.ops.memtrack import TensorPeak
+from repro.tracking import hardware
 
 
 def _sync(dev):
@@ -48,8 +51,6 @@ def _time_segment(model, x, mems, mem_len, dev):
 def _segment_peak_mb(model, x, mems, mem_len) -> float:
     """Peak of the tensors one segment's forward pass creates (`repro.ops.memtrack.TensorPeak`), on an untimed pass
     whose new memory is discarded."""
-    from repro.ops.memtrack import TensorPeak
-
     with TensorPeak() as tracker:
         model(x, mems, mem_len=mem_len)
     return tracker.peak_mb
@@ -68,8 +69,6 @@ def bench_context(*, contexts: list[int], segment: int = 128, batch: int = 1, n_
 
     def tokens():
         return torch.randint(0, 32, (batch, segment), generator=g).to(dev)
-
-    from repro.tracking import hardware
 
     where = hardware() if dev.type == "cpu" else torch.cuda.get_device_name(dev)
     rows = []
@@ -143,8 +142,6 @@ def main(args) -> None:
         rows = [{**r, "rehearsal": True} for r in rows]
     lines = [json.dumps(r) for r in rows]
     if args.output:  # the rows go to the file; the terminal gets one line
-        from repro.io import atomic_write_text
-
         atomic_write_text(args.output, "\n".join(lines) + "\n")
         print(f"repro bench-context: {len(lines)} rows in {args.output}", flush=True)
     else:

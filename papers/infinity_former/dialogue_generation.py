@@ -16,10 +16,17 @@ three-piece context's response. Unlike the official loop, every response draws f
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.distributed as dist
+
+from repro.generate_text import SamplingSettings, nucleus_mask, sample_token
+from repro.io import atomic_write_text
+from repro.metrics.text import corpus_scores, scores_by_act, wordnet
+from repro.text.dialogue_synthetic import utterance_acts
 
 
 @dataclass(frozen=True)
@@ -78,8 +85,7 @@ def respond(lm, context: list[int], types: list[int], *, stop: set[int], generat
     Generation ends at a token of `stop` (not kept) or after `max_tokens`; the first token avoids `banned`
     (default: `stop`) as `generation.first_special` says (the official `min_length = 1` re-draws). Without
     `generation.types_while_sampling` the last piece and the drawn tokens get no token-type ids (official)."""
-    from repro.generate_text import SamplingSettings, nucleus_mask, sample_token
-    from repro.text.dialogue import pieces_from_end
+    from repro.text.dialogue import pieces_from_end  # heavy: Lightning
 
     g = lm.generation
     settings = SamplingSettings(top_p=g.top_p, temperature=g.temperature, max_tokens=g.max_tokens)
@@ -132,13 +138,6 @@ def generate_and_score(lm) -> None:
     """Sample every response of the test split (`dm.response_examples("test")`; each rank takes every world-th),
     gather them on every rank, log `test/<metric>` and `test/responses`, keep the rows in `lm.generated` and write
     them to `generation.output` (rank 0)."""
-    import json
-
-    import torch.distributed as dist
-
-    from repro.metrics.text import corpus_scores, scores_by_act, wordnet
-    from repro.text.dialogue_synthetic import utterance_acts
-
     dm = lm.trainer.datamodule
     if not hasattr(dm, "response_examples"):
         raise ValueError("generation.enabled needs a dialogue data module (repro.text.dialogue)")
@@ -182,8 +181,6 @@ def generate_and_score(lm) -> None:
         lm.log(f"test/{name}", float(value), sync_dist=False)
     lm.log("test/responses", float(len(rows)), sync_dist=False)
     if rank == 0 and lm.generation.output:
-        from repro.io import atomic_write_text
-
         atomic_write_text(lm.generation.output, "".join(json.dumps(r) + "\n" for r in rows))
         lg = lm.logger
         if lg is not None and hasattr(lg, "run_id") and hasattr(lg.experiment, "log_artifact"):

@@ -42,13 +42,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from papers.infinity_former.adapters import build_layer_memory
 from papers.infinity_former.dialogue_generation import GenerationSettings, generate_and_score, respond
 from papers.infinity_former.hooks import MemoryAttention, MemoryHook, _Runtime
+from repro.data.hf_hub import HUB_HELP, hub_offline
 from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
+from repro.metrics.text import ConversationNLL
 
 IGNORE = -100
 
@@ -123,7 +126,7 @@ class GPT2WithMemory(nn.Module):
 
     def __init__(self, settings: GPT2Settings, hook: MemoryHook, n_token: int):
         super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import GPT2Config, GPT2LMHeadModel  # heavy: transformers
 
         self.settings, self.hook = settings, hook
         drop = {"resid_pdrop": settings.dropout, "embd_pdrop": settings.dropout, "attn_pdrop": settings.dropout}
@@ -171,14 +174,12 @@ class GPT2WithMemory(nn.Module):
     def load_pretrained(self) -> None:
         """Copy the pretrained checkpoint's weights in (hub download on first use). The rows of tokens added after
         its vocabulary (the dialogue's special tokens) keep their initialisation; the memories are new."""
-        from transformers import GPT2LMHeadModel
-
-        from repro.text.tokenizer import HUB_HELP, hub_offline
+        from transformers import GPT2LMHeadModel  # heavy: transformers
 
         name = self.settings.pretrained
         offline = not Path(name).is_dir() and hub_offline()  # fail at once, not after the hub's retries
         if not os.environ.get("REPRO_VERBOSE"):  # transformers' "Loading weights" bar: two lines per run in the logs
-            from transformers.utils import logging as hf_logging
+            from transformers.utils import logging as hf_logging  # heavy: transformers
 
             hf_logging.disable_progress_bar()
         try:
@@ -228,7 +229,7 @@ class GPT2WithMemory(nn.Module):
         for l in self.layers:
             keys = self._keys.get(l)
             if keys is None:  # restored from a checkpoint: the key order of a fresh state
-                keys = tuple(self.memories[str(l)].init_state(1, "cpu", torch.float32))
+                keys = tuple(self.memories[str(l)].empty(1, torch.empty(0)))
                 self._keys[l] = keys
             states[l] = dict(zip(keys, flat[i : i + len(keys)]))
             pending[l] = flat[i + len(keys)]
@@ -249,14 +250,15 @@ class GPT2WithMemory(nn.Module):
         dtype = self.lm.transformer.wte.weight.dtype
         if self.layers:
             if mems is None:
-                states = {l: self.memories[str(l)].init_state(b, tokens_BT.device, dtype) for l in self.layers}
+                states = {l: self.memories[str(l)].empty(b, torch.empty(0, device=tokens_BT.device, dtype=dtype))
+                          for l in self.layers}
                 pending = {l: torch.zeros(b, 0, self.d_model, device=tokens_BT.device, dtype=dtype)
                            for l in self.layers}
             else:
                 states, pending = self._unflatten(mems)
             for l in self.layers:
                 if pending[l].shape[1]:
-                    states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
+                    states[l] = self.memories[str(l)].write(states[l], self._memory_input(l, pending[l]))
             rt.states = states
         out = self.lm.transformer(input_ids=tokens_BT, token_type_ids=types, use_cache=False)
         hidden = out.last_hidden_state
@@ -282,7 +284,7 @@ class GPT2WithMemory(nn.Module):
         states, pending = self._unflatten(mems)
         for l in self.layers:
             p = pending[l]
-            states[l] = self.memories[str(l)].init_state(p.shape[0], p.device, p.dtype)
+            states[l] = self.memories[str(l)].empty(p.shape[0], p)
         return self._flatten(states, pending)
 
     def absorb(self, mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
@@ -292,7 +294,7 @@ class GPT2WithMemory(nn.Module):
         states, pending = self._unflatten(mems)
         for l in self.layers:
             if pending[l].shape[1]:
-                states[l] = self.memories[str(l)].update(states[l], self._memory_input(l, pending[l]))
+                states[l] = self.memories[str(l)].write(states[l], self._memory_input(l, pending[l]))
                 pending[l] = pending[l][:, :0]
         return self._flatten(states, pending)
 
@@ -308,9 +310,13 @@ class GPT2WithMemory(nn.Module):
         nll = F.cross_entropy(logits.flatten(0, 1), target_BT.flatten(), ignore_index=IGNORE, reduction="none")
         return nll.view(target_BT.shape)
 
-    def extra_loss(self) -> torch.Tensor | None:
-        losses = [l for m in self.memories.values() if (l := m.extra_loss()) is not None]
-        return torch.stack([x.float() for x in losses]).sum() if losses else None
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """The layers' memories' weighted auxiliary losses of the last forward pass, each summed over the layers."""
+        by_name: dict[str, list[torch.Tensor]] = {}
+        for m in self.memories.values():
+            for name, loss in m.aux_losses().items():
+                by_name.setdefault(name, []).append(loss.float())
+        return {name: torch.stack(losses).sum() for name, losses in by_name.items()}
 
 
 # ------------------------------------------------------------------------------------------ LightningModule
@@ -398,7 +404,8 @@ class GPT2MemoryLM(SegmentLM):
         n = mask.sum()
         loss = nll.sum() / n.clamp(min=1)
         total = loss
-        aux = self.model.extra_loss()
+        losses = self.model.aux_losses()
+        aux = sum(losses.values()) if losses else None
         if aux is not None:
             total = loss + aux
             self.log("train/aux_loss", aux.detach())
@@ -426,8 +433,6 @@ class GPT2MemoryLM(SegmentLM):
         if split == "test" and hasattr(batch, "reset"):
             # the official test perplexity's average as well (conversations weighted by their label positions;
             # `repro.metrics.text.ConversationNLL`), logged by `on_test_epoch_end` beside our per-token one
-            from repro.metrics.text import ConversationNLL
-
             acc = self.__dict__.get("_conversation_nll")
             if acc is None:
                 dm = getattr(self.trainer, "datamodule", None)
@@ -485,8 +490,6 @@ class GPT2MemoryLM(SegmentLM):
         super().on_test_epoch_end()
         acc = self.__dict__.pop("_conversation_nll", None)
         if acc is not None:
-            import torch.distributed as dist
-
             totals = torch.tensor(acc.totals(), dtype=torch.float64, device=self.device)
             if dist.is_available() and dist.is_initialized():
                 dist.all_reduce(totals)  # Σ n_c·mean_c, Σ n_c, conversations over ranks

@@ -16,9 +16,9 @@ Every configured layer gets a `LayerMemory` module. Its contract, which the LTM 
 and the compressive memory (`papers/infinity_former/compressive.py`) implement through small adapters
 (`build_layer_memory`), is:
 
-- `init_state(batch, device, dtype) -> dict[str, Tensor]`: an empty memory; every tensor is batch-first (the
-  state is carried between blocks, sliced per DDP rank and saved in checkpoints);
-- `update(state, x_BLD) -> state`: absorb `x`, what entered this layer during the previous block, detached, as
+- `empty(batch, like) -> dict[str, Tensor]`: an empty memory on `like`'s device (and dtype); every tensor is
+  batch-first (the state is carried between blocks, sliced per DDP rank and saved in checkpoints);
+- `write(state, x_BLD) -> state`: absorb `x`, what entered this layer during the previous block, detached, as
   the official `Block.mem`; which vector that is, is `MemoryHook.stores`: `block_input` (the block input before
   `ln_1`: the official language-modelling code, `finetune_gpt2` `Block.forward`, `self.mem = hidden_states.detach()`)
   or `ln_1` (the official document-grounded code, `document_grounded_generation` `Block.forward`,
@@ -28,14 +28,18 @@ and the compressive memory (`papers/infinity_former/compressive.py`) implement t
   It is called at the start of the next block's forward pass, with gradients on, so the memory's own parameters
   (e.g. the LTM's smoothing gate) learn from the loss of the block that reads it, as in the official code where
   the LTM refits its coefficients inside `LongTermAttention.forward`;
-- `attend(q_BHTd, state) -> Z_BTD | None`: the memory's contribution for the queries of this layer's
+- `read(q_BHTd, state) -> Z_BTD | None`: the memory's contribution for the queries of this layer's
   self-attention (GPT-2's own query projection, split into heads); `None` when the memory is empty. `Z` is added
   to the self-attention output after its output projection, before the residual connection (the official
   `Attention.forward` adds `a_long_term` to `c_proj(a)`). GPT-2's residual dropout is applied to `Z` as well;
-- `attend` may replace entries of `state` (the sticky-memory histogram of this step's attention): the state
+- `read` may replace entries of `state` (the sticky-memory histogram of this step's attention): the state
   carried to the next block is the one left after the forward pass;
-- `extra_loss() -> Tensor | None`: the weighted auxiliary loss of the last `attend` (the LTM's λ_KL · KL), added
-  to the NLL.
+- `aux_losses() -> dict[str, Tensor]`: the weighted auxiliary losses of the last `read` or `write` (the LTM's
+  λ_KL · KL, the compressive memory's reconstruction), added to the NLL.
+
+These are the names of the backbone's memory interface (`repro.memory.MemoryMechanism`: `empty`, `read`, `write`,
+`aux_losses`), called per layer with GPT-2's queries and block inputs; both backbones' long-term memories are the
+same `ContinuousLTM`.
 
 After each block the carried state is detached (truncated back-propagation, PAPERS.md §5).
 
@@ -78,17 +82,17 @@ class MemoryHook:
 class LayerMemory(nn.Module):
     """The contract of a layer's memory (see the module docstring)."""
 
-    def init_state(self, batch: int, device, dtype) -> dict[str, torch.Tensor]:
+    def empty(self, batch: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def update(self, state: dict[str, torch.Tensor], x_BLD: torch.Tensor) -> dict[str, torch.Tensor]:
+    def write(self, state: dict[str, torch.Tensor], x_BLD: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def attend(self, q_BHTd: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def read(self, q_BHTd: torch.Tensor, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
         raise NotImplementedError
 
-    def extra_loss(self) -> torch.Tensor | None:
-        return None
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        return {}
 
 
 class WindowMemory(LayerMemory):
@@ -104,13 +108,13 @@ class WindowMemory(LayerMemory):
         nn.init.zeros_(self.out.weight)  # a pretrained GPT-2 starts as it was
         nn.init.zeros_(self.out.bias)
 
-    def init_state(self, batch, device, dtype):
-        return {"x": torch.zeros(batch, 0, self.d_model, device=device, dtype=dtype)}
+    def empty(self, batch, like):
+        return {"x": like.new_zeros(batch, 0, self.d_model)}
 
-    def update(self, state, x_BLD):
+    def write(self, state, x_BLD):
         return {"x": torch.cat([state["x"], x_BLD], dim=1)[:, -self.mem_len :]}
 
-    def attend(self, q_BHTd, state):
+    def read(self, q_BHTd, state):
         x = state["x"]
         if x.shape[1] == 0:
             return None
@@ -162,7 +166,7 @@ class MemoryAttention(nn.Module):
         q = q.view(b, t, self.inner.num_heads, self.inner.head_dim).transpose(1, 2)  # (B, H, T, d)
         if rt.record_queries:
             rt.queries[self.layer] = q
-        z = self.memory.attend(q, state)
+        z = self.memory.read(q, state)
         if z is None:
             if self.training and torch.is_grad_enabled():
                 # an empty memory (a stream's or conversation's first block) still touches its parameters with a

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -482,8 +483,6 @@ class ContinuousLTM(nn.Module):
         """One line, once per geometry and process, when this geometry's updates amplify the memory."""
         gain = self.update_gain(n_new, G)
         if gain > 1:
-            import sys
-
             c = self.cfg
             print(f"warning: ∞-former LTM with N {c.n_basis}, widths {'/'.join(f'{w:g}' for w in c.widths)}, "
                   f"{c.n_samples} update samples and {n_new} new vectors per update multiplies its memory by "

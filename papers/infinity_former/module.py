@@ -33,7 +33,9 @@ from typing import Any, Literal
 import torch
 from torchmetrics import MeanMetric
 
+from papers.infinity_former.compressive import CompressiveConfig, CompressiveTransformer
 from papers.infinity_former.ltm import LTMConfig
+from papers.infinity_former.model import InfinityFormer
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.data.sorting import N_SYMBOLS, PAD
 from repro.lm import EvalProtocol, MemorySettings, OptimConfig, SegmentLM, coerce
@@ -47,18 +49,9 @@ def build_backbone(kind: str, cfg: TransformerXLConfig, *, ltm: LTMConfig | None
     if kind == "transformer_xl":
         return TransformerXL(cfg)
     if kind == "infinity_former":
-        from papers.infinity_former.model import InfinityFormer
-
         return InfinityFormer(cfg, ltm)
     if kind == "compressive":
-        try:
-            from papers.infinity_former import compressive as comp
-        except ImportError as err:
-            raise ValueError(f"the compressive transformer (papers/infinity_former/compressive.py) is not "
-                             f"available: {err}") from err
-        conf_cls = getattr(comp, "CompressiveConfig", None)
-        conf = coerce(conf_cls, compressive or {}) if conf_cls is not None else (compressive or {})
-        return comp.CompressiveTransformer(cfg, conf)
+        return CompressiveTransformer(cfg, coerce(CompressiveConfig, compressive or {}))
     raise ValueError(f"backbone is one of {', '.join(BACKBONES)}, got {kind!r}")
 
 

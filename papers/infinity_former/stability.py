@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+
 
 def ltm_config(ltm: dict):
     """`LTMConfig` from a config's `ltm` mapping (YAML lists as tuples)."""
-    from papers.infinity_former.ltm import LTMConfig
+    from papers.infinity_former.ltm import LTMConfig  # heavy: torch
 
     return LTMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in ltm.items()})
 
@@ -32,7 +34,7 @@ def ltm_config(ltm: dict):
 def update_gain(ltm: dict, n_new: int) -> float:
     """The gain per update of a config's LTM settings (`ltm`, as in a config) with n_new vectors per update, from
     the matrices `ContinuousLTM` itself uses (`ContinuousLTM.update_gain`)."""
-    from papers.infinity_former.ltm import ContinuousLTM
+    from papers.infinity_former.ltm import ContinuousLTM  # heavy: torch
 
     cfg = ltm_config(ltm)
     module = ContinuousLTM(d_model=1, n_head=1, d_head=1, cfg=cfg)
@@ -49,8 +51,6 @@ def _ltm_and_new(config: dict) -> tuple[dict | None, int | None]:
 
 
 def main(argv: list[str]) -> None:
-    import yaml
-
     parser = argparse.ArgumentParser(prog="repro ltm-gain", description=HELP)
     parser.add_argument("config", nargs="+", help="∞-former configs (configs/infinity_former/<profile>/*.yaml)")
     parser.add_argument("--new", type=int, default=None,

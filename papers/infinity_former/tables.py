@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from repro import claims
+from repro.io import atomic_path
 from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance, unlearned_cell
 
 PAPER = "infinity_former"
@@ -185,12 +186,10 @@ def context_cost(results: Results) -> tuple[Table | None, list[dict]]:
 
 
 def _plots(left: dict, right: dict, cost: list[dict], root: Path) -> None:
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from repro.io import atomic_path
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     def save(fig, name):
         with atomic_path(root / PAPER / name) as tmp:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 def bench_lamemo_authors(argv: list[str]) -> None:
-    from papers.lamemo import bench_authors
+    from papers.lamemo import bench_authors  # heavy: torch
 
     bench_authors.main(argv)
 

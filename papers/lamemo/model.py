@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.memory import evict_oldest
+from repro.memory import MemoryMechanism, evict_oldest, register
 from repro.nn.attention import (
     RelPartialLearnableAttention,
     causal_mask,
@@ -109,6 +109,11 @@ class LaMemoAttention(RelPartialLearnableAttention):
     """Transformer-XL's relative attention (same parameters: `qkv_net`, `r_net`, `o_net`) that also returns the
     attention vectors and log-normalisers, and refreshes memory rows by look-ahead attention (`look_ahead`).
 
+    The look-ahead is written once, in terms of four score hooks that another attention may give: `rows` (queries,
+    keys and values of every row), `key_window` (the window's keys), `position_scores` (terms (b) + (d)) and
+    `scored` (the content score with the position term and the mask added, its softmax, the values). MGK inside
+    Transformer-XL (`papers.arena.mgk.LookAheadMGKAttention`) runs this `look_ahead` with its mixture score.
+
     `record`: when a list, each causal attention appends its probabilities (B, H, T, K) (utilisation analysis)."""
 
     def __init__(self, *, d_model: int, n_head: int, d_head: int, dropatt: float, full: bool = False):
@@ -116,28 +121,60 @@ class LaMemoAttention(RelPartialLearnableAttention):
         self.full = full
         self.record: list[torch.Tensor] | None = None
 
-    def causal(self, q_BHTE, k_BHKE, v_BHKE, r_KD, u_HE, v_HE, bias_TK):
-        """Transformer-XL scores (a)+(b)+(c)+(d) over [memory; segment] → (vectors (B,H,T,E), lse (B,H,T)).
-        `bias_TK`: 0 where a query may attend, −inf where not (added: the same scores as masking, and nothing to
-        do in backward)."""
+    # ---------------------------------------------------------------------------------------- the score hooks
+    def rows(self, x_BKD):
+        """(queries, keys, values), each (B, H, K, E), of every row of x. One projection of the K rows gives the
+        queries of both kinds of row and the keys and values (the reference's single `qkv_net` call on [memory;
+        segment]), unbound once: each indexing of a stacked (2, B, H, K, E) tensor would cost a zero-filled tensor
+        of that size in backward."""
+        b, k_len, _ = x_BKD.shape
+        heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
+        return q_BHKE, k_BHKE.contiguous(), v_BHKE.contiguous()
+
+    @staticmethod
+    def key_window(k_BHKE, start: int, end: int):
+        return k_BHKE[:, :, start:end]
+
+    def position_scores(self, q_BHTE, r_KD, v_HE):
+        """Terms (b) + (d): (q_i + v) · W_R R_{i−j} / √E, (B, H, T, K)."""
         r_HEK = self.r_net(r_KD).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
+        return rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)
+
+    def scored(self, q_BHTE, k_BHKE, v_BHKE, u_HE, position_BHTK, bias_TK, *, record: bool = False):
+        """Transformer-XL's scores (a)+(c) plus `position_BHTK` and `bias_TK` (0 where a query may attend, −inf
+        where not, or None; added: the same scores as masking, and nothing to do in backward) → (vectors
+        (B,H,T,E), lse (B,H,T))."""
         scores = ((q_BHTE + u_HE[:, None]) * self.scale) @ k_BHKE.transpose(-1, -2)
-        prob, lse = softmax_lse(scores.add_(bd_BHTK).add_(bias_TK))
-        if self.record is not None:
+        scores = scores.add_(position_BHTK)
+        if bias_TK is not None:
+            scores = scores.add_(bias_TK)
+        prob, lse = softmax_lse(scores)
+        if record and self.record is not None:
             self.record.append(prob.detach())
         # dropout and the value product in one (`repro.nn.dropout.dropout_matmul`: a bool mask kept, not the dropped
         # probabilities; same numbers)
         return dropout_matmul(prob, v_BHKE, self.dropatt), lse
 
+    # ---------------------------------------------------------------------------------------------- the layer
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos, kv_mem=None):
         """The backbone's interface (Transformer-XL memory): (output, keys/values)."""
         if kv_mem is not None:
             raise ValueError("LaMemo keeps no key/value memory")
         r_KD, u_HE, v_HE = pos[:3]
         q_BHTE, kv = self.project(h_BTD, mem_BMD)
-        vec, _ = self.causal(q_BHTE, *kv.unbind(0), r_KD, u_HE, v_HE, mask_bias(mask_TK))
+        k_BHKE, v_BHKE = kv.unbind(0)
+        vec, _ = self.scored(q_BHTE, k_BHKE, v_BHKE, u_HE, self.position_scores(q_BHTE, r_KD, v_HE),
+                             mask_bias(mask_TK), record=True)
         return self.output(vec), kv
+
+    def window_scores(self, qm_BHME, r_KD, r_fut_MD, v_fut_HE, index_MW, *, m: int, t: int, first: int):
+        """The look-ahead's position scores of memory rows first…m over their windows (`window_position_scores`),
+        with the future table (after the causal one for `full`)."""
+        table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
+        r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0).to(qm_BHME.dtype)
+        return window_position_scores((qm_BHME + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m, t=t,
+                                      first=first, full=self.full)
 
     def look_ahead(self, x_BKD, m: int, *, bias_TK, pos, recur_BMHE, lse_BMH, first: int = 0,
                    memory_output: bool = True):
@@ -147,37 +184,25 @@ class LaMemoAttention(RelPartialLearnableAttention):
         the next memory are). Returns (output of the current rows (B,T,D), output of the memory rows (B,M,D) or
         None without `memory_output`, refreshed vectors (B,m−first,H,E) and log-normalisers (B,m−first,H) float32
         of the memory rows (None when first ≥ m), vectors (B,T,H,E) and log-normalisers (B,T,H) of the current
-        rows).
-
-        One projection of the K rows gives the queries of both kinds of row and the keys and values (the
-        reference's single `qkv_net` call on [memory; segment]), and the keys and values are unbound once: each
-        indexing of a stacked (2, B, H, K, E) tensor would cost a zero-filled tensor of that size in backward."""
+        rows)."""
         r_KD, u_HE, v_HE, r_fut_MD, u_fut_HE, v_fut_HE, window = pos
         b, k_len, _ = x_BKD.shape
-        heads = self.qkv_net(x_BKD).view(b, k_len, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-        q_BHKE, k_BHKE, v_BHKE = heads.unbind(0)
-        vec, lse = self.causal(q_BHKE[:, :, m:], k_BHKE.contiguous(), v_BHKE.contiguous(), r_KD, u_HE, v_HE,
-                               bias_TK)
+        q, k, v = self.rows(x_BKD)
+        q_cur = q[:, :, m:]
+        vec, lse = self.scored(q_cur, k, v, u_HE, self.position_scores(q_cur, r_KD, v_HE), bias_TK, record=True)
         out_cur, vec_cur, lse_cur = self.output(vec), vec.transpose(1, 2), lse.transpose(1, 2)
         if memory_output and first:
             raise ValueError("the memory rows' output needs every memory row refreshed (first = 0)")
         if first >= m:
             empty = x_BKD.new_empty(b, 0, x_BKD.shape[2]) if memory_output else None
             return out_cur, empty, None, None, vec_cur, lse_cur
-        qm_BHME = q_BHKE[:, :, first:m]
+        qm_BHME = q[:, :, first:m]
         start, index_MW, bias_MW = window
-        k_win, v_win = k_BHKE[:, :, start : m + 1], v_BHKE[:, :, start : m + 1]  # (B, H, W, E)
-        table = torch.cat([r_KD, r_fut_MD], dim=0) if self.full else r_fut_MD
-        r_HEN = self.r_net(table).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
-        bd_BHMW = window_position_scores((qm_BHME + v_fut_HE[:, None]) * self.scale, r_HEN, index_MW, m=m,
-                                         t=k_len - m, first=first, full=self.full)
-        scores = ((qm_BHME + u_fut_HE[:, None]) * self.scale) @ k_win.transpose(-1, -2)
-        scores = scores.add_(bd_BHMW)
-        if bias_MW is not None:
-            scores = scores.add_(bias_MW[first:])
-        prob, lse_new = softmax_lse(scores)  # (B, H, M, W), (B, H, M)
-        vec_new = dropout_matmul(prob, v_win, self.dropatt).transpose(1, 2)  # (B, M, H, E)
-        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new, lse_new.transpose(1, 2))
+        bd_BHMW = self.window_scores(qm_BHME, r_KD, r_fut_MD, v_fut_HE, index_MW, m=m, t=k_len - m, first=first)
+        vec_new, lse_new = self.scored(qm_BHME, self.key_window(k, start, m + 1), v[:, :, start : m + 1], u_fut_HE,
+                                       bd_BHMW, bias_MW[first:] if bias_MW is not None else None)
+        vec_mem, lse_mem = interpolate(recur_BMHE[:, first:], lse_BMH[:, first:], vec_new.transpose(1, 2),
+                                       lse_new.transpose(1, 2))
         out_mem = self.o_net(vec_mem.reshape(b, m - first, -1)) if memory_output else None
         return out_cur, out_mem, vec_mem, lse_mem, vec_cur, lse_cur
 
@@ -256,60 +281,44 @@ def layer_look_ahead(layer: DecoderLayer, h_BTD, mem_BMD, *, bias_TK, pos, recur
 
 
 class LaMemo(TransformerXL):
-    """`TransformerXL` with look-ahead memory. Memory: [embeddings (B,M,D)] + per layer [vectors (B,M,H,E),
-    log-normalisers (B,M,H)]; with `look_ahead: false`, Transformer-XL's memory (one (B,M,D) per layer)."""
-
-    supports_kv_memory = False  # the refreshed memory changes every segment: no cached keys and values
+    """`TransformerXL` with the look-ahead memory (`LookAhead`) in its loop. Memory: [embeddings (B,M,D)] + per
+    layer [vectors (B,M,H,E), log-normalisers (B,M,H)]; with `look_ahead: false`, Transformer-XL's memory (one
+    (B,M,D) per layer)."""
 
     def __init__(self, cfg: TransformerXLConfig, lamemo: LaMemoConfig = LaMemoConfig()):
         if cfg.attention != "relative":
             raise ValueError("LaMemo builds on relative attention: set model.attention: relative")
         self.__dict__["_lamemo"] = lamemo  # read by make_attention during the backbone's construction
-        super().__init__(cfg)
+        super().__init__(cfg, [(LookAhead, {"variant": lamemo.variant})] if lamemo.look_ahead else [])
         self.lamemo = lamemo
-        # Xavier uniform, as the reference leaves them: its `weights_init` redraws u and v as N(0, init_std)
-        # (the backbone's init, ours too) but not the look-ahead biases (train_ddp.py, `weights_init`)
-        if lamemo.look_ahead and lamemo.variant in ("disentangled", "disentangled_v2", "full"):
-            self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
-        if lamemo.look_ahead and lamemo.variant == "disentangled_v2":
-            self.r_w_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+        self.register_load_state_dict_pre_hook(_renamed_future_biases)
+
+    @property
+    def supports_kv_memory(self) -> bool:
+        return False  # the refreshed memory changes every segment: no cached keys and values
 
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
         lamemo: LaMemoConfig = self.__dict__["_lamemo"]
         return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
                                full=lamemo.look_ahead and lamemo.variant == "full")
 
+    def __getattr__(self, name: str):
+        if name in ("r_r_bias_future", "r_w_bias_future"):  # the look-ahead's biases, held by its mechanism
+            mechanisms = self._modules.get("mechanisms")
+            if mechanisms is not None and len(mechanisms) and hasattr(mechanisms[0], name):
+                return getattr(mechanisms[0], name)
+        return super().__getattr__(name)
+
     def memory_layout(self, batch: int, device=None, dtype=torch.float32) -> list[torch.Tensor]:
         """The empty memory of a split's first segment."""
-        c = self.cfg
-        out = [torch.empty(batch, 0, c.d_model, device=device, dtype=dtype)]
-        for _ in self.layers:
-            out += [torch.empty(batch, 0, c.n_head, c.d_head, device=device, dtype=dtype),
-                    torch.empty(batch, 0, c.n_head, device=device, dtype=torch.float32)]
-        return out
+        return self.empty_memory(batch, torch.empty(0, device=device, dtype=dtype))
 
-    def forward(self, tokens_BT, mems, *, mem_len, clamp_len=-1, same_length=False, kv_memory=False):
-        """Hidden states of the segment (B, T, D) and the next memory (see the class docstring)."""
-        if kv_memory:
-            raise ValueError("LaMemo has no key/value evaluation memory (its memory is refreshed every segment)")
-        if not self.lamemo.look_ahead:
-            return super().forward(tokens_BT, mems, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
-        b, t = tokens_BT.shape
-        emb = self.word_emb(tokens_BT)
-        if not mems:
-            mems = self.memory_layout(b, device=emb.device, dtype=emb.dtype)
-        if len(mems) != 1 + 2 * len(self.layers):
-            raise ValueError(f"a LaMemo memory has 1 + 2 × {len(self.layers)} tensors, got {len(mems)} (a memory "
-                             "of another model?)")
-        m = mems[0].shape[1]
-        v_fut = self.r_r_bias if self.lamemo.variant == "txl" else self.r_r_bias_future
-        u_fut = self.r_w_bias_future if self.lamemo.variant == "disentangled_v2" else self.r_w_bias
-        pos, bias_TK = look_ahead_inputs(self, m, t, variant=self.lamemo.variant, u_fut=u_fut, v_fut=v_fut,
-                                         clamp_len=clamp_len, same_length=same_length, mem_len=mem_len, like=emb)
-        recur = [(mems[1 + 2 * i], mems[2 + 2 * i]) for i in range(len(self.layers))]
-        h, emb_mem, states = look_ahead_layers(self.layers, self.drop(emb), mems[0], recur, pos=pos, bias_TK=bias_TK,
-                                               mem_len=mem_len)
-        return self.drop(h), [emb_mem] + [x for state in states for x in state]
+
+def _renamed_future_biases(module, state_dict, prefix, *args) -> None:
+    """Checkpoints of LaMemo before its look-ahead became a mechanism held the future biases at the top."""
+    for name in ("r_r_bias_future", "r_w_bias_future"):
+        if prefix + name in state_dict:
+            state_dict[prefix + "mechanisms.0." + name] = state_dict.pop(prefix + name)
 
 
 def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_fut, v_fut, clamp_len: int,
@@ -319,7 +328,7 @@ def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_f
     model's dropout draws the positions' masks (causal table, then the future one)."""
     k = m + t
     dev, dt = like.device, like.dtype
-    mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=dev)
+    mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len, device=dev)
     r_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=dev), model.cfg.d_model).to(dt)
     fut = torch.arange(1, m + 1, device=dev)
     if variant == "txl":
@@ -366,3 +375,61 @@ def look_ahead_layers(layers, h_BTD, emb_mem_BMD, recur, *, pos, bias_TK, mem_le
             lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
         states.append((vec.detach(), lse.detach()))
     return h, emb_next, states
+
+
+@register("look_ahead")
+class LookAhead(MemoryMechanism):
+    """LaMemo's look-ahead memory as a mechanism of the backbone's loop: it owns the layer step
+    (`look_ahead_layers`). The short memory it keeps is the embedding memory (the layer-0 input of the memory
+    rows); state per layer: (attention vectors (B, M, H, E), log-normalisers (B, M, H) float32) of the memory rows,
+    laid out by layer as the reference's memory. Other mechanisms read on the current rows and receive, per layer,
+    the layer's inputs of the rows leaving the memory."""
+
+    slots = ("vectors", "lse")
+    layout = "by_layer"
+    owns_layer_step = True
+
+    def __init__(self, cfg: TransformerXLConfig, variant: str = "disentangled"):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"look_ahead.variant is one of {', '.join(VARIANTS)}, got {variant!r}")
+        if cfg.attention != "relative":
+            raise ValueError("the look-ahead memory builds on relative attention: set model.attention: relative")
+        self.variant = variant
+        self.n_head, self.d_head = cfg.n_head, cfg.d_head
+        # Xavier uniform, as LaMemo (the reference's `weights_init` leaves the look-ahead biases as drawn)
+        if variant in ("disentangled", "disentangled_v2", "full"):
+            self.r_r_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+        if variant == "disentangled_v2":
+            self.r_w_bias_future = nn.Parameter(nn.init.xavier_uniform_(torch.empty(cfg.n_head, cfg.d_head)))
+
+    @classmethod
+    def layer_attention(cls, cfg: TransformerXLConfig, variant: str = "disentangled") -> nn.Module:
+        """The attention the backbone's layers are built with."""
+        return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
+                               full=variant == "full")
+
+    def layer_step(self, model, *, emb_BTD, short, states, reads, mem_len, clamp_len, same_length):
+        """LaMemo's layer loop (`papers.lamemo.model.look_ahead_layers`) with the other mechanisms' reads: the
+        memory rows refreshed layer by layer; the short memory is the one embedding memory."""
+        index = next(k for k, m in enumerate(model.mechanisms) if m is self)
+        emb_mem = short[0]
+        u_fut, v_fut = self.future_biases(model)
+        pos, bias_TK = look_ahead_inputs(model, emb_mem.shape[1], emb_BTD.shape[1], variant=self.variant,
+                                         u_fut=u_fut, v_fut=v_fut, clamp_len=clamp_len, same_length=same_length,
+                                         mem_len=mem_len, like=emb_BTD)
+        evicted, inputs = [], []
+        h, emb_next, own = look_ahead_layers(model.layers, model.drop(emb_BTD), emb_mem, states[index], pos=pos,
+                                             bias_TK=bias_TK, mem_len=mem_len, reads=reads, evicted=evicted,
+                                             inputs=inputs)
+        return h, [emb_next], inputs, evicted, own
+
+    def empty(self, batch, like):
+        return (like.new_empty(batch, 0, self.n_head, self.d_head),
+                like.new_empty(batch, 0, self.n_head).float())
+
+    def future_biases(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u₊, v₊): the look-ahead's content and position biases for the variant."""
+        v_fut = model.r_r_bias if self.variant == "txl" else self.r_r_bias_future
+        u_fut = self.r_w_bias_future if self.variant == "disentangled_v2" else model.r_w_bias
+        return u_fut, v_fut

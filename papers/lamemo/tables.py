@@ -24,6 +24,12 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import yaml
+
+from papers.transformer_xl.tables import PAPER_PARAMS as TXL_PARAMS
+from repro import claims
+from repro.cli.commands import describe_configs
+from repro.io import atomic_path
 from repro.tables import Cell, Results, Table, bench_provenance, provenance
 
 NAME = "lamemo"
@@ -200,10 +206,10 @@ def plot_utilisation(results: Results, out: Path) -> Path | None:
     data = {(tiny, kind): _utilisation(results, tiny, kind) for tiny in ("char", "word") for kind, _ in MODELS}
     if not any(data.values()):
         return None
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, tiny in zip(axes, ("char", "word")):
@@ -223,7 +229,6 @@ def plot_utilisation(results: Results, out: Path) -> Path | None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    from repro.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
@@ -263,8 +268,6 @@ def cost_table(results: Results) -> Table:
 
 
 def params_table(rows: list[dict]) -> Table:
-    from papers.transformer_xl.tables import PAPER_PARAMS as TXL_PARAMS
-
     base = {"wt103": "wt103_base", "enwik8": "enwik8_12l", "text8": "enwik8_12l"}
     out = []
     for r in rows:
@@ -282,8 +285,6 @@ def params_table(rows: list[dict]) -> Table:
 def deviations_table(path: Path = DEVIATIONS) -> Table:
     """One row per entry of `deviations.yaml`, its fields in `DEVIATION_FIELDS` order (an entry missing a field or
     with one more, or a value with a '|', is refused)."""
-    import yaml
-
     rows = []
     for i, entry in enumerate(yaml.safe_load(path.read_text())):
         if set(entry) != set(DEVIATION_FIELDS):
@@ -299,8 +300,6 @@ def deviations_table(path: Path = DEVIATIONS) -> Table:
 
 
 def build(results: Results) -> list[Table]:
-    from repro.cli.commands import describe_configs
-
     cfgs = sorted(str(p) for p in Path("configs/lamemo/paper").glob("*.yaml") if ".eval." not in p.name)
     tables = [dataset_table(results, ds) for ds in DATASETS]
     tables += [comparison(results), utilisation_table(results), cost_table(results),
@@ -334,7 +333,5 @@ def claim_values(results: Results, profile: str):
 
 
 def claims_table(results: Results) -> Table:
-    from repro import claims
-
     found = claims.verdicts(results, "small", CLAIMS_SMALL, values=claim_values(results, "small"))
     return claims.table("claims_small", "LaMemo — pre-registered claims of the small profile", found, profile="small")

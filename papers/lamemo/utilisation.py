@@ -18,6 +18,7 @@ import argparse
 import torch
 
 from papers.lamemo.model import LaMemo, LaMemoAttention, LaMemoConfig
+from repro.io import atomic_write_json
 
 
 def mass_by_distance(prob_BHTK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +100,7 @@ def analyse(module, dm, *, max_batches: int = 20) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from repro.cli.cli import build
-    from repro.io import atomic_write_json
+    from repro.cli.cli import build  # heavy: Lightning
 
     ap = argparse.ArgumentParser(prog="python -m papers.lamemo.utilisation", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -168,13 +168,15 @@ class SoftmaxAttention(nn.Module):
                                 bias=bias)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=bias)
         self.dropatt = nn.Dropout(dropatt)
+        self.kernel = "auto"  # `attend`'s kernel (`repro.nn.attention.set_attention_kernel`)
 
     def forward(self, h_BTD, *, mem_BMD=None, mask_TK, pos=None, kv_mem=None):
         if (mem_BMD is not None and mem_BMD.shape[1]) or kv_mem is not None:
             raise ValueError("this softmax attention keeps no memory: use mem_len 0")
         b, t, _ = h_BTD.shape
         q, k, v = self.proj(h_BTD, h_BTD)
-        out = attend(q / math.sqrt(self.d_head), k[:, :, 0], v, mask_TK=mask_TK, dropatt=self.dropatt)
+        out = attend(q / math.sqrt(self.d_head), k[:, :, 0], v, mask_TK=mask_TK, dropatt=self.dropatt,
+                     kernel=self.kernel)
         return self.o_net(out.transpose(1, 2).reshape(b, t, self.n_head * self.d_head)), None
 
 

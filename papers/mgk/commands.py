@@ -6,11 +6,11 @@ collected by `repro.cli.registry`): `repro bench-attention`, the cost of the att
 
 from __future__ import annotations
 
+import argparse
+
 
 def bench_attention(argv: list[str]) -> None:
-    import argparse
-
-    from papers.mgk import efficiency
+    from papers.mgk import efficiency  # heavy: torch
 
     parser = argparse.ArgumentParser(prog="repro bench-attention", description=HELP)
     efficiency.add_arguments(parser)
@@ -22,7 +22,7 @@ HELP = "parameters, FLOPs, step time and activation memory of attention variants
 
 
 def bench_mgk_authors(argv: list[str]) -> None:
-    from papers.mgk import bench_authors
+    from papers.mgk import bench_authors  # heavy: torch
 
     bench_authors.main(argv)
 
@@ -32,7 +32,7 @@ HELP_AUTHORS = "one decoder layer at the WikiText-103 paper shape, ours against 
 
 
 def bench_sdpa(argv: list[str]) -> None:
-    from papers.mgk import bench_sdpa as bench
+    from papers.mgk import bench_sdpa as bench  # heavy: torch
 
     bench.main(argv)
 

@@ -25,6 +25,9 @@ import statistics
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from repro.io import atomic_write_text
 
 DEFAULT_VARIANTS = ("softmax8", "mgk4", "smgk4", "linear8", "mlk4")
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
@@ -57,7 +60,7 @@ def saved_activation_bytes(fn) -> int:
 
 def measure(variant: str, length: int, *, batch_size: int = 4, steps: int = 3, warmup: int = 1,
             device: str | None = None, precision: str = "32", n_token: int = 257) -> dict:
-    from papers.mgk.lra import LRAClassifier, LRAConfig, Variant
+    from papers.mgk.lra import LRAClassifier, LRAConfig, Variant  # heavy: Lightning
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     g = torch.Generator().manual_seed(0)
@@ -72,8 +75,6 @@ def measure(variant: str, length: int, *, batch_size: int = 4, steps: int = 3, w
     def loss_fn():
         with amp:
             return torch.nn.functional.cross_entropy(model(x).float(), y)
-
-    from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as fc:
         loss_fn()  # not kept: its graph's saved activations would stay allocated through the CUDA peak below
@@ -128,8 +129,6 @@ def main(args) -> None:
             if not args.output:
                 print(lines[-1], flush=True)
     if args.output:  # the rows go to the file; the terminal gets one line
-        from repro.io import atomic_write_text
-
         atomic_write_text(args.output, "\n".join(lines) + "\n")
         print(f"repro bench-attention: {len(lines)} rows in {args.output}", flush=True)
 

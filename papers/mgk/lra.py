@@ -48,7 +48,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from papers.mgk.attention import MGKAttention, MLKAttention, SoftmaxAttention
-from repro.lm import coerce
+from repro.config import coerce
 
 _VARIANT = re.compile(r"^(softmax|mgk|smgk|linear|mlk|smlk)(\d+)(?:_(softe|harde))?$")
 

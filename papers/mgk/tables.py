@@ -15,6 +15,10 @@ import math
 import statistics
 from pathlib import Path
 
+import yaml
+
+from repro import claims
+from repro.io import atomic_path
 from repro.tables import Cell, Results, Table, bench_provenance, paper_cell, provenance
 
 PAPER = "mgk"
@@ -265,10 +269,10 @@ def plot_efficiency(results: Results, out: Path) -> Path | None:
     measured = [r for r in efficiency_rows(results) if r["profile"] == "tiny"] or efficiency_rows(results)
     if not measured:
         return None
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     keys = (("flops_forward", "GFLOPs per forward pass", 1e-9), ("ms_per_step", "ms per training step", 1),
@@ -287,7 +291,6 @@ def plot_efficiency(results: Results, out: Path) -> Path | None:
     dev = measured[0]["device"]
     fig.suptitle(f"LRA classifier (2 layers, width 64), batch {measured[0]['batch_size']}, {dev}", fontsize=9)
     fig.tight_layout()
-    from repro.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -314,8 +317,6 @@ DEVIATION_FIELDS = ("deviation", "reference", "ours", "why", "effect", "test")
 
 def deviation_rows(path: Path = DEVIATIONS) -> list[dict]:
     """The entries of deviations.yaml, each with every field (`test`: a list of test ids)."""
-    import yaml
-
     rows = yaml.safe_load(path.read_text())
     for i, row in enumerate(rows):
         if set(row) != set(DEVIATION_FIELDS):
@@ -343,8 +344,6 @@ def deviations(path: Path = DEVIATIONS) -> Table:
 def claims_table(results: Results) -> Table:
     """The small profile's pre-registered claims (configs/mgk/small/claims.yaml), decided by `repro.claims`, with
     the parameter ratio of the compared models from their records."""
-    from repro import claims
-
     found = claims.verdicts(results, "small", CLAIMS_SMALL)
     table = claims.table("claims_small", "Transformer-MGK — pre-registered claims of the small profile", found,
                          profile="small")

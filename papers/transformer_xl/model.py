@@ -17,6 +17,8 @@ Where this differs from the reference (and why):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from repro.memory import update_memory
+from repro.memory import MemoryMechanism, defines, evict_oldest
 from repro.nn.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from repro.nn.attention import (
     AbsoluteAttention,
@@ -122,20 +124,32 @@ def _add(a: torch.Tensor, term: torch.Tensor | None) -> torch.Tensor:
 
 
 class TransformerXL(nn.Module):
-    """`forward(tokens, mems, mem_len=…) -> (hidden, new_mems)`; `nll(hidden, target)` scores it."""
+    """`forward(tokens, mems, mem_len=…) -> (hidden, new_mems)`; `nll(hidden, target)` scores it.
+
+    With `mechanisms` (`(class, options)` pairs of `repro.memory.MemoryMechanism`s), the one layer loop through
+    which memory mechanisms compose: each mechanism's `context` rows are attended before the short memory (relative
+    distances run over all keys, as in the compressive transformer), its `read` is added to the attention's output
+    before the residual, and after the layers it `write`s its next state from the rows the short memory evicted
+    (`evict`: at most one mechanism chooses them; else Transformer-XL's rule). A mechanism that owns the layer step
+    (LaMemo's look-ahead) runs the layers instead (`layer_step`), with the others' reads. The backbone draws its
+    weights first and the mechanisms theirs after, so that without mechanisms this is Transformer-XL weight for
+    weight.
+
+    Memory layout with mechanisms (a flat list of batch-first tensors, as `SegmentLM` checkpoints and re-shards it):
+    the short memory (one (B, M, D) per layer; with a layer-step owner, its one embedding memory), then each
+    mechanism's states, per slot one tensor per layer, or per layer its slots (`MemoryMechanism.layout`)."""
 
     supports_memory = True
 
     @property
     def supports_kv_memory(self) -> bool:
-        return self.cfg.attention == "relative"
+        return self.cfg.attention == "relative" and not self.mechanisms
 
     @property
     def supports_checkpoint_layers(self) -> bool:
-        """Whether training runs this class's layer loop, which checkpoints its layers (`checkpoint_layers`); the
-        models with a loop of their own (LaMemo's look-ahead, the ∞-former, the compressive memory, the arena) do
-        not."""
-        return type(self).forward is TransformerXL.forward
+        """Whether training may checkpoint the layers (`checkpoint_layers`): not with memory mechanisms, whose reads
+        and writes a recomputed layer would repeat."""
+        return type(self).forward is TransformerXL.forward and not self.mechanisms
 
     @property
     def prefix_invariant(self) -> bool:
@@ -143,10 +157,20 @@ class TransformerXL(nn.Module):
         relative positions are distances; absolute ones count from the segment's end (`SegmentLM._sliding_nll`)."""
         return self.cfg.attention == "relative"
 
-    def __init__(self, cfg: TransformerXLConfig):
+    def __init__(self, cfg: TransformerXLConfig,
+                 mechanisms: Sequence[tuple[type[MemoryMechanism], dict]] = ()):
         super().__init__()
         if cfg.n_token <= 0:
             raise ValueError("model.n_token (the vocabulary size) must be set, normally from the data module")
+        specs = list(mechanisms)
+        if specs and cfg.attention != "relative":
+            raise ValueError("memory mechanisms build on relative attention: set model.attention: relative")
+        owners = [(cls, kw) for cls, kw in specs if cls.owns_layer_step]
+        if len(owners) > 1:
+            raise ValueError("at most one memory mechanism may own the layer step, got "
+                             f"{', '.join(c.__name__ for c, _ in owners)}")
+        self._owner_spec = owners[0] if owners else None  # read by make_attention, while the layers are built
+        self.__dict__["_specs"] = specs  # read by _layer_attention, for the mechanisms' per-layer modules
         self.cfg = cfg
         # `repro fit --run.checkpoint_layers true`: each layer's activations recomputed in the backward pass
         self.checkpoint_layers = False
@@ -154,7 +178,7 @@ class TransformerXL(nn.Module):
         self.word_emb = AdaptiveEmbedding(n_token=cfg.n_token, d_embed=d_embed, d_proj=cfg.d_model,
                                           cutoffs=cfg.cutoffs, div_val=cfg.div_val)
         self.drop = Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.make_attention(cfg)) for _ in range(cfg.n_layer))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self._layer_attention(cfg)) for _ in range(cfg.n_layer))
         if cfg.attention == "relative":
             self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # u
             self.r_r_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))  # v
@@ -162,14 +186,69 @@ class TransformerXL(nn.Module):
                                                 cutoffs=cfg.cutoffs, div_val=cfg.div_val)
         self.apply(self._init_weights)
         self._tie()
+        # after the backbone's weights, so that they are drawn as without mechanisms
+        self.mechanisms = nn.ModuleList(cls(cfg, **kw) for cls, kw in specs)
+        # plain references, not submodules: the mechanisms' parameters are registered once, under `mechanisms`
+        self.__dict__["owner"] = next((m for m in self.mechanisms if m.owns_layer_step), None)
+        evictors = [m for m in self.mechanisms if defines(m, "evict")]
+        if len(evictors) > 1:
+            raise ValueError("at most one memory mechanism may choose what the short memory evicts, got "
+                             f"{', '.join(type(m).__name__ for m in evictors)}")
+        if self.owner is not None and any(defines(m, "context") or defines(m, "evict") for m in self.mechanisms):
+            raise ValueError(f"{type(self.owner).__name__} runs the layers itself and attends to no extra context: "
+                             "combine it with mechanisms that read and write only")
+        self.__dict__["evictor"] = evictors[0] if evictors else None
+        self._aux: dict[str, torch.Tensor] = {}
+
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """The mechanisms' weighted auxiliary losses of the last forward pass (none without mechanisms)."""
+        return dict(self._aux)
+
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """The mechanisms' unweighted diagnostics of the last forward pass (`MemoryMechanism.diagnostics`)."""
+        return {k: v for m in self.mechanisms for k, v in m.diagnostics.items()}
+
+    @contextmanager
+    def measuring_fit(self):
+        """Evaluation forward passes inside also measure what a mechanism measures only when asked (the ∞-former's
+        reconstruction error of its fits, `diagnostics()["regression_error"]`); outside, an evaluation does only the
+        model's work."""
+        measured = [m for m in self.modules() if hasattr(m, "measure_fit")]
+        before = [m.measure_fit for m in measured]
+        for m in measured:
+            m.measure_fit = True
+        try:
+            yield
+        finally:
+            for m, b in zip(measured, before):
+                m.measure_fit = b
 
     def compile_units(self) -> list[nn.Module]:
         """What `SegmentLM.compile_model` compiles: the decoder layers (the embedding and the adaptive softmax stay
         eager)."""
         return list(self.layers)
 
+    def _layer_attention(self, cfg: TransformerXLConfig) -> nn.Module:
+        """One layer's attention (`make_attention`) holding the mechanisms' per-layer modules
+        (`MemoryMechanism.layer_module`), each under the mechanism's `layer_module_name`: built here, they draw their
+        weights with the layer's and are initialised as the backbone's own."""
+        attn = self.make_attention(cfg)
+        for cls, kw in self.__dict__["_specs"]:
+            module = cls.layer_module(cfg, **kw)
+            if module is None:
+                continue
+            if cls.layer_module_name in attn._modules:
+                raise ValueError(f"two memory mechanisms keep a per-layer {cls.layer_module_name!r}: combine at most "
+                                 f"one {cls.__name__}")
+            attn.add_module(cls.layer_module_name, module)
+        return attn
+
     def make_attention(self, cfg: TransformerXLConfig) -> nn.Module:
-        """One layer's attention; other papers' models override this to put their attention in the backbone."""
+        """One layer's attention: a layer-step owner's (`MemoryMechanism.layer_attention`), else the backbone's;
+        other papers' models override this to put their attention in the backbone."""
+        owner = self._owner_spec
+        if owner is not None and (attn := owner[0].layer_attention(cfg, **owner[1])) is not None:
+            return attn
         attn = RelPartialLearnableAttention if cfg.attention == "relative" else AbsoluteAttention
         return attn(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt)
 
@@ -223,47 +302,146 @@ class TransformerXL(nn.Module):
         same_length: bool = False,
         kv_memory: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the segment (B, T, D) and the next memory (one (B, ≤mem_len, ·) per layer).
+        """Hidden states of the segment (B, T, D) and the next memory: without mechanisms one (B, ≤mem_len, D) per
+        layer, else the layout of the class docstring.
 
         The memory holds each layer's input hidden states (Transformer-XL's h̃). With `kv_memory` (evaluation,
-        relative attention only) it holds each layer's keys and values instead, computed once per position: the
-        same outputs without re-projecting the whole memory at every segment."""
+        relative attention, no mechanisms) it holds each layer's keys and values instead, computed once per
+        position: the same outputs without re-projecting the whole memory at every segment. The one layer loop
+        (`_layers`) runs unless a mechanism owns the layer step; then the mechanisms write their next states."""
+        if mem_len < 0:
+            raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
+        if kv_memory and self.mechanisms:
+            raise ValueError("a model with memory mechanisms keeps no key/value memory: evaluate with "
+                             "kv_memory=False")
         if kv_memory and (self.training or torch.is_grad_enabled() or self.cfg.attention != "relative"):
             raise ValueError("a key/value memory is for evaluation of relative attention, without gradients")
         b, t = tokens_BT.shape
         emb = self.word_emb(tokens_BT)
-        if not mems:
-            shape = (2, b, self.cfg.n_head, 0, self.cfg.d_head) if kv_memory else (b, 0, self.cfg.d_model)
-            mems = [emb.new_empty(shape) for _ in self.layers]
-        m = mems[0].shape[3] if kv_memory else mems[0].shape[1]
-        k = m + t
-        mask_TK = causal_mask(t, k, same_length=same_length, mem_len=mem_len, device=emb.device)
+        for mech in self.mechanisms:
+            mech.begin()
+        short, states = self._unpack(mems if mems else self.empty_memory(b, emb, kv_memory=kv_memory))
+        reads = [self._reader(i, states) for i in range(len(self.layers))]
+        if self.owner is not None:
+            index = list(self.mechanisms).index(self.owner)
+            h, short, inputs, evicted, states[index] = self.owner.layer_step(
+                self, emb_BTD=emb, short=short, states=states, reads=reads, mem_len=mem_len, clamp_len=clamp_len,
+                same_length=same_length)
+        else:
+            h, short, inputs, evicted = self._layers(emb, short, states, reads, mem_len=mem_len,
+                                                     clamp_len=clamp_len, same_length=same_length,
+                                                     kv_memory=kv_memory)
+        new_states = []
+        for mech, per_layer in zip(self.mechanisms, states):
+            if mech is self.owner:
+                new_states.append(per_layer)
+                continue
+            new_states.append([mech.write(i, layer, per_layer[i], evicted[i], inputs[i])
+                               for i, layer in enumerate(self.layers)])
+        self._aux = {}
+        for mech in self.mechanisms:
+            self._aux.update(mech.aux_losses())
+        return self.drop(h), self._pack(short, new_states)
+
+    # ------------------------------------------------------------------------------- the loop with mechanisms
+    def empty_memory(self, batch: int, like: torch.Tensor, *, kv_memory: bool = False) -> list[torch.Tensor]:
+        """The memory before a stream's first segment, in the layout of the class docstring (with `kv_memory`, per
+        layer an empty (2, B, H, 0, E) of keys and values)."""
+        n, c = len(self.layers), self.cfg
+        shape = (2, batch, c.n_head, 0, c.d_head) if kv_memory else (batch, 0, c.d_model)
+        short = [like.new_empty(shape) for _ in range(1 if self.owner is not None else n)]
+        return self._pack(short, [[mech.empty(batch, like)] * n for mech in self.mechanisms], detach=False)
+
+    def _unpack(self, mems: list[torch.Tensor]):
+        n = len(self.layers)
+        n_short = 1 if self.owner is not None else n
+        slots = sum(len(m.slots) for m in self.mechanisms)
+        expected = n_short + n * slots
+        if len(mems) != expected:
+            raise ValueError(f"the memory holds {len(mems)} tensors, this model expects {expected} = {n_short} + "
+                             f"{n} × {slots} tensors (the short memory, then per layer the mechanisms' slots): it "
+                             "comes from another model; start with an empty memory")
+        short, off, states = list(mems[:n_short]), n_short, []
+        for mech in self.mechanisms:
+            k = len(mech.slots)
+            block = mems[off : off + k * n]
+            if mech.layout == "by_layer":
+                states.append([tuple(block[i * k : (i + 1) * k]) for i in range(n)])
+            else:
+                states.append([tuple(block[j * n + i] for j in range(k)) for i in range(n)])
+            off += k * n
+        return short, states
+
+    def _pack(self, short, states, *, detach: bool = True) -> list[torch.Tensor]:
+        """The flat memory (the class docstring), each mechanism's states in its own `layout`."""
+        def out_of(x):
+            return x.detach() if detach else x
+
+        out = [out_of(x) for x in short]
+        for mech, per_layer in zip(self.mechanisms, states):
+            if mech.layout == "by_layer":
+                out += [out_of(x) for state in per_layer for x in state]
+            else:
+                out += [out_of(state[j]) for j in range(len(mech.slots)) for state in per_layer]
+        return out
+
+    def _reader(self, i: int, states):
+        """Layer i's read: the sum of the mechanisms' `read` terms, as a function of the attention's input."""
+        readers = [(m, s[i]) for m, s in zip(self.mechanisms, states) if defines(m, "read")]
+        if not readers:
+            return None
+
+        def read(x_BTD):
+            terms = [t for t in (m.read(i, self.layers[i], x_BTD, st) for m, st in readers) if t is not None]
+            return sum(terms[1:], terms[0]) if terms else None
+
+        return read
+
+    def _layers(self, emb, short, states, reads, *, mem_len, clamp_len, same_length, kv_memory=False):
+        """The one layer loop: per layer the mechanisms' context rows and the short memory (or, with `kv_memory`,
+        its keys and values), the mechanisms' reads, activation checkpointing when asked; (output, next short
+        memory, the layers' inputs, the rows each layer's memory evicted)."""
+        contexts = [[c for c in (m.context(i, s[i]) for m, s in zip(self.mechanisms, states)) if c is not None]
+                    for i in range(len(self.layers))]
+        c = sum(x.shape[1] for x in contexts[0]) if contexts else 0
+        t = emb.shape[1]
+        m = short[0].shape[3] if kv_memory else short[0].shape[1]
+        k = c + m + t
+        extra = sum(mech.context_len for mech in self.mechanisms)
+        mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len + extra, device=emb.device)
         pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
         pos_KD = pos_KD.to(emb.dtype)
-        layer_mems = mems
         if self.cfg.attention == "relative":
-            h = self.drop(emb)
+            h = self.drop(emb)  # dropout draws: the embedding, then the positions
             pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
         else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
             h = self.drop(emb + pos_KD[m:])
             pos = None
-            if m:
-                layer_mems = [mems[0] + pos_KD[:m], *mems[1:]]
-        new = []
-        for layer, mem in zip(self.layers, layer_mems):
+        checkpointed = self.checkpoint_layers and self.training and torch.is_grad_enabled()
+        inputs, new_kv = [], []
+        for i, layer in enumerate(self.layers):
+            mem = short[i]
+            if pos is None and i == 0 and m:
+                mem = mem + pos_KD[:m]
+            if c:
+                mem = torch.cat([x.to(mem.dtype) for x in contexts[i]] + [mem], dim=1)
             if kv_memory:
                 h, kv = layer(h, mem_BMD=None, mask_TK=mask_TK, pos=pos, kv_mem=mem)
-                new.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
+                new_kv.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
+                continue
+            inputs.append(h)
+            if checkpointed:
+                # activation checkpointing: the layer's activations are recomputed in the backward pass (the
+                # random state too, so dropout draws the same masks) instead of kept
+                h, _ = checkpoint(layer, h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, read=reads[i],
+                                  use_reentrant=False)
             else:
-                new.append(h)
-                if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-                    # activation checkpointing: the layer's activations are recomputed in the backward pass (the
-                    # random state too, so dropout draws the same masks) instead of kept
-                    h, _ = checkpoint(layer, h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, use_reentrant=False)
-                else:
-                    h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos)
-        new_mems = new if kv_memory else update_memory(mems, new, mem_len=mem_len)
-        return self.drop(h), new_mems
+                h, _ = layer(h, mem_BMD=mem, mask_TK=mask_TK, pos=pos, read=reads[i])
+        if kv_memory:
+            return h, new_kv, [], []
+        evict = self.evictor.evict if self.evictor is not None else evict_oldest
+        kept, evicted = zip(*(evict(s, x, mem_len) for s, x in zip(short, inputs)))
+        return h, list(kept), inputs, list(evicted)
 
     def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:
         """Per-token NLL (B, T), float32."""

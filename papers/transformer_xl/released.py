@@ -1,7 +1,7 @@
 """The authors' released Transformer-XL models (TensorFlow checkpoints) as our `TransformerXL`.
 
-    python -m papers.transformer_xl.released download enwik8 --root pretrained_xl   # the authors' files
-    python -m papers.transformer_xl.released evaluate enwik8 --root pretrained_xl   # their test split, a record
+    repro released download enwik8 --root pretrained_xl   # the authors' files
+    repro released evaluate enwik8 --root pretrained_xl   # their test split, a record
     model = load_tf("…/model.ckpt-0", LAYOUTS["enwik8"])   # eval mode, float32, the released weights
 
 Follows the authors' TF model, `tf/model.py` of kimiyoung/transformer-xl (`transformer`, `rel_multihead_attn`,
@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
+from repro.data.download import ChecksumError, DownloadError, download, read_sidecar
 from repro.io import atomic_write_json
 from repro.ops.bench import environment
-from repro.ops.download import ChecksumError, DownloadError, download, read_sidecar
 from repro.weights.py2pickle import load
 from repro.weights.tf_bundle import CheckpointError, TFCheckpoint
 
@@ -264,7 +264,7 @@ def _release(name: str) -> Release:
 
 
 def download_released(name: str, root: str | os.PathLike) -> Path:
-    """The authors' files of model `name` under `root/<folder>/` (resumable, atomic, `repro.ops.download`). Nothing
+    """The authors' files of model `name` under `root/<folder>/` (resumable, atomic, `repro.data.download`). Nothing
     is published for them: the size and sha256 of each are recorded at the first download (`<file>.sha256`),
     every later use is checked against them, and they are printed for comparing with another copy."""
     rel = _release(name)
@@ -316,7 +316,7 @@ def evaluate_released(name: str, root: str | os.PathLike, *, max_segments: int |
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m papers.transformer_xl.released", description=__doc__,
+    ap = argparse.ArgumentParser(prog="repro released", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["download", "evaluate"])
     ap.add_argument("model", choices=sorted(RELEASES))
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError, DownloadError, ChecksumError) as err:
         raise SystemExit(f"error: {err}") from None
     env = environment(torch.device("cpu"))
-    record["provenance"] = {"command": "python -m papers.transformer_xl.released " + " ".join(argv or sys.argv[1:]),
+    record["provenance"] = {"command": "repro released " + " ".join(argv or sys.argv[1:]),
                             "host_cpu": env["host_cpu"], "torch": env["torch"], "complete": args.max_segments is None}
     out = args.out or f"results/transformer_xl/released/{args.model}.json"
     atomic_write_json(out, record)

@@ -10,11 +10,17 @@ the authors' code are a table too (`deviations.md`, from `deviations.yaml` besid
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
 from pathlib import Path
 
+import yaml
+
+from repro import claims
+from repro.cli.commands import describe_configs
+from repro.io import atomic_path
 from repro.tables import REHEARSAL, Cell, Results, Table, bench_provenance, paper_cell, provenance
 
 PAPER = "transformer_xl"
@@ -235,8 +241,6 @@ def claim_values(results: Results, profile: str):
 
 
 def claims_table(results: Results) -> Table:
-    from repro import claims
-
     found = claims.verdicts(results, "small", CLAIMS_SMALL, values=claim_values(results, "small"))
     return claims.table("claims_small", "Transformer-XL — pre-registered claims of the small profile", found,
                         profile="small")
@@ -278,10 +282,10 @@ def plot_table9(results: Results, out: Path) -> Path | None:
     measured = [r for r in _slowdown_rows(results) if r["profile"] == "tiny"] or _slowdown_rows(results)
     if not measured:
         return None
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     xs = [r["attention_length"] for r in measured]
@@ -297,7 +301,6 @@ def plot_table9(results: Results, out: Path) -> Path | None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from repro.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
@@ -386,8 +389,6 @@ def table5(results: Results, described: list[dict]) -> Table:
 
 
 def _recl_result(results: Results, profile: str) -> dict | None:
-    import json
-
     path = results.root / PAPER / "context" / f"{profile}.json"
     if not path.exists():
         return None
@@ -510,7 +511,7 @@ def plot_context(results: Results, out: Path) -> Path | None:
     result = _recl_result(results, "tiny")
     if result is None:
         return None
-    from repro.context import plot
+    from repro.context import plot  # heavy: Lightning
 
     return plot(result, out, r=0.1, title="tiny profile, embedded-word test: loss against attention length, and "
                                            "the relative gain behind RECL (r = 0.1)")
@@ -522,8 +523,6 @@ DEVIATION_FIELDS = ("deviation", "reference", "ours", "why", "effect", "test")
 
 def load_deviations(path: Path = DEVIATIONS) -> list[dict[str, str]]:
     """The entries of deviations.yaml, every field present and folded to one line of markdown."""
-    import yaml
-
     entries = yaml.safe_load(path.read_text())
     out = []
     for i, entry in enumerate(entries, 1):
@@ -563,8 +562,6 @@ def deviations_table(params: dict[str, dict[str, str]], path: Path = DEVIATIONS)
 
 
 def build(results: Results) -> list[Table]:
-    from repro.cli.commands import describe_configs
-
     paper_cfgs = sorted(str(p) for p in Path("configs/transformer_xl/paper").glob("*.yaml") if ".eval." not in p.name)
     described = describe_configs(paper_cfgs)
     params = params_table(described)

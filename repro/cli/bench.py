@@ -13,14 +13,17 @@ import json
 
 import torch
 
+from repro.io import atomic_write_text
+from repro.nn.attention import KERNELS
+
 
 def bench(config: list[str], *, mode: str, precision: str = "32", steps: int = 10, warmup: int = 3,
           batch_size: int | None = None, tgt_len: int | None = None, device: str | None = None,
           attention_lengths: list[int] | None = None, segment: int = 32, overrides: list[str] | None = None,
           compile: bool = False, attention: str = "auto") -> list[dict]:
     """The rows of `repro bench` for config files merged in order (then `overrides`, CLI arguments)."""
-    from repro.cli.cli import build
-    from repro.ops.bench import bench_module
+    from repro.cli.cli import build  # heavy: Lightning
+    from repro.ops.bench import bench_module  # heavy: Lightning
 
     if precision not in ("32", "bf16"):
         raise ValueError("--precision is 32 or bf16")
@@ -37,8 +40,8 @@ def compare(models: list[list[str]], *, mode: str, rounds: int = 2, overrides: l
     that a machine's drift hits every model alike (a shared CPU varies by 2× over minutes; timed one after another
     in separate processes the models' ratio moved as much). Each row has its `round` and its speed relative to the
     first model's in the same round (`relative`)."""
-    from repro.cli.cli import build
-    from repro.ops.bench import bench_module
+    from repro.cli.cli import build  # heavy: Lightning
+    from repro.ops.bench import bench_module  # heavy: Lightning
 
     if mode == "slowdown":
         raise ValueError("--compare times train or eval, not slowdown")
@@ -59,8 +62,6 @@ def parse_variant(spec: str) -> dict:
     with mode reduce-overhead: CUDA graphs on a GPU), `+whole` (one graph of the whole model's forward rather than
     one per decoder layer) and `+foreach` (the optimiser's multi-tensor form instead of the module's), e.g.
     `eager+foreach`, `sdpa+compile`, `sdpa+cudagraphs+whole`."""
-    from repro.nn.attention import KERNELS
-
     kernel, *flags = spec.split("+")
     unknown = [f for f in flags if f not in ("compile", "cudagraphs", "whole", "foreach")]
     compiles = {"compile", "cudagraphs"} & set(flags)
@@ -78,8 +79,8 @@ def variants(config: list[str], specs: list[str], *, mode: str, rounds: int = 2,
     """`repro bench --variants`: one model, timed under each variant in turns over `rounds` rounds (as
     `--compare` does for models), each row with its `variant`, `round` and speed relative to the first variant's
     in the same round. A compiled variant's graphs are built in its first round's warm-up and reused after."""
-    from repro.cli.cli import build
-    from repro.ops.bench import bench_module
+    from repro.cli.cli import build  # heavy: Lightning
+    from repro.ops.bench import bench_module  # heavy: Lightning
 
     if mode == "slowdown":
         raise ValueError("--variants times train or eval, not slowdown")
@@ -135,8 +136,6 @@ def main(args) -> None:
         rows = [{**r, "rehearsal": True} for r in rows]
     lines = [json.dumps(r) for r in rows]
     if args.output:  # the rows go to the file; the terminal gets one line
-        from repro.io import atomic_write_text
-
         atomic_write_text(args.output, "\n".join(lines) + "\n")
         print(f"repro bench: {len(lines)} row{'s' * (len(lines) != 1)} in {args.output}", flush=True)
     else:

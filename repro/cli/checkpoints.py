@@ -13,6 +13,7 @@ from typing import Any
 
 from repro.callbacks import BestCheckpoint, save_checkpoint
 from repro.io import link_or_copy
+from repro.tracking import repo_root
 
 
 def default_profile(run: dict[str, Any]) -> str:
@@ -29,8 +30,6 @@ def default_checkpoint(run: dict[str, Any], root: Path | None = None) -> Path | 
     `checkpoints/<paper>/<profile>/<group>/<experiment>.ckpt`), so a fit by hand never replaces a stage's output.
     The experiment names the file as `repro runs` names it; runs of one config that differ in seed or variant
     share it unless they name their own experiment (`--run.experiment`), as `repro runs` does."""
-    from repro.tracking import repo_root
-
     if not run.get("paper") or not run.get("experiment"):
         return None
     parts = [run["paper"], default_profile(run)]

@@ -15,7 +15,10 @@ this module. The CLI itself is `repro.cli.lightning_cli.ReproCLI`; its errors co
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 import sys
+from argparse import ArgumentError
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,6 +27,9 @@ import torch
 
 from repro.cli.errors import error_line
 from repro.cli.lightning_cli import LIGHTNING_SUBCOMMANDS, ReproCLI, _OwnProcess
+from repro.data.download import ArchiveError, ChecksumError, DownloadError
+from repro.io import check_config_files
+from repro.ops.allocator import release_freed_memory
 
 
 def build(config_paths: list[str], overrides: list[str] | None = None, *, meta: bool = False):
@@ -69,8 +75,6 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
     seed, Trainer, MLflow run and record); only the start-up (imports, ~10 s on 2 cores) is paid once, which is
     most of a tiny run's time. A step on several processes (DDP) runs as its own process. A failing step stops
     the rest. `quiet`: the steps' summary lines are returned instead of printed (with the command lines)."""
-    import shlex
-
     usage = ('usage: repro steps "fit -c CONFIG …" "test -c CONFIG … --ckpt_path …" …\n'
              "each quoted step is one `repro fit|validate|test` command, run in order in one process")
     if any(s.strip() in ("-h", "--help") for s in steps):
@@ -84,8 +88,6 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
         if not args or args[0] not in LIGHTNING_SUBCOMMANDS:
             raise ValueError(f"each step of `repro steps` starts with one of {', '.join(LIGHTNING_SUBCOMMANDS)}, "
                              f"got {' '.join(args)!r}")
-    from repro.io import check_config_files
-    from repro.ops.allocator import release_freed_memory
 
     for args in parsed:
         check_config_files(args)
@@ -103,8 +105,6 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
             try:
                 ReproCLI(args=args)
             except _OwnProcess:
-                import subprocess
-
                 done = subprocess.run([sys.executable, "-m", "repro", *args], check=False)
                 if done.returncode:
                     raise SystemExit(done.returncode) from None
@@ -120,10 +120,6 @@ def run_steps(steps: list[str], *, quiet: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Errors the user can act on (no data, bad checksum, impossible settings, a bad option or config file) end
     with one line that names the problem and the fix; REPRO_DEBUG=1 shows the traceback."""
-    from argparse import ArgumentError
-
-    from repro.ops.download import ArchiveError, ChecksumError, DownloadError
-
     try:
         _main(argv)
     except (DownloadError, ChecksumError, ArchiveError, ValueError, ArgumentError) as err:
@@ -137,8 +133,6 @@ def _main(argv: list[str] | None) -> None:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LIGHTNING_SUBCOMMANDS:
-        from repro.io import check_config_files
-
         check_config_files(argv)
         if from_shell:
             sys.argv = [sys.argv[0], *argv]  # `python -m repro fit …` and `repro fit …` alike

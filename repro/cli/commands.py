@@ -11,16 +11,20 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
+from repro import tables as T
 from repro.cli import rehearsal_record
 from repro.cli.registry import paper_tables, table_papers
-from repro.ops import docs
+from repro.cli.rehearsal_configs import data_overrides
+from repro.io import atomic_write_json, check_config_files
+from repro.ops import docs, speed
 
 
 def describe_configs(paths: list[str]) -> list[dict]:
     """`repro describe`'s row of each config (an *.eval.yaml built on top of its training config), on the meta
     device."""
-    from repro.cli.cli import build
+    from repro.cli.cli import build  # heavy: Lightning
 
     rows = []
     for path in paths:
@@ -51,8 +55,6 @@ def describe_built(path: str, cli) -> dict:
 
 
 def _describe(args) -> None:
-    from repro.io import check_config_files
-
     for path in args.config:
         check_config_files(["-c", path])
     for row in describe_configs(args.config):
@@ -63,12 +65,10 @@ def data_module(config_paths: list[str]):
     """The data module of a config, instantiated from the same parse as `repro fit`'s, without the model and trainer
     (`repro prepare` built every model too: the eleven Transformer-XL paper models, up to One Billion Word large's
     0.8B parameters, took 64 s to build and were thrown away; the data modules alone take 2 s)."""
-    import sys
+    from jsonargparse import ArgumentParser  # heavy: jsonargparse
+    from lightning.pytorch import LightningDataModule  # heavy: Lightning
 
-    from jsonargparse import ArgumentParser
-    from lightning.pytorch import LightningDataModule
-
-    from repro.cli.lightning_cli import ReproCLI
+    from repro.cli.lightning_cli import ReproCLI  # heavy: Lightning
 
     class DataOnly(ReproCLI):
         def instantiate_classes(self) -> None:
@@ -88,8 +88,6 @@ def data_module(config_paths: list[str]):
 
 def _prepare(args) -> None:
     """Build (download if needed) every corpus the configs use; write a manifest of what was built."""
-    from pathlib import Path
-
     paths = []
     for item in args.config:
         p = Path(item)
@@ -103,8 +101,6 @@ def _prepare(args) -> None:
     rehearsal = getattr(args, "rehearsal", "false") == "true"
     for path in paths:
         if rehearsal:  # the data modules' rehearsal sizes (configs/rehearsal/), e.g. a few generated ListOps trees
-            from repro.cli.rehearsal_configs import data_overrides
-
             dm = data_module([path, *data_overrides(path)])
         else:
             dm = data_module([path])
@@ -119,8 +115,6 @@ def _prepare(args) -> None:
             built[name] = {k: v for k, v in meta.items() if k != "build_seconds"}
     print(f"repro prepare: {len(built)} corpora ready ({', '.join(built)})", flush=True)
     if args.manifest:
-        from repro.io import atomic_write_json
-
         atomic_write_json(args.manifest, built)
 
 
@@ -131,13 +125,7 @@ def readme_blocks() -> dict:
 
 
 def _tables(args) -> None:
-    from pathlib import Path
-
-    from repro import tables as T
-
     if args.paper == "speed":  # the shared speed tables, from the benchmark records
-        from repro.ops import speed
-
         paths = speed.write(speed.build())
         print(f"repro tables speed: {len(paths)} files in results/speed", flush=True)
         return
@@ -178,7 +166,9 @@ ROUTED = {"fit": "train (Lightning CLI; `repro fit --help` lists every option)",
           "steps": "several quoted fit|validate|test commands in order, in one process",
           "runs": "the fit and tests of every experiment of a group (a DVC stage)",
           "profile": "dvc repro of another profile (params.<profile>.yaml, dvc.<profile>.lock): `repro profile small`",
-          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)"}
+          "rehearse": "rehearse the paper profile on a scratch copy against the local mirror (repro.cli.rehearsal)",
+          "export": "a trained checkpoint as a self-describing folder: safetensors, config, model card (Hub, MLflow)",
+          "step-memory": "a config's peak training-step memory per stream, and the batch_chunk that fits a GPU"}
 
 
 def papers_help(papers: dict[str, dict[str, tuple]]) -> str:

@@ -7,14 +7,15 @@ from its config files and checkpoint (`repro.cli.cli.load_module`), and writes t
 
 from __future__ import annotations
 
+import json
+
+from repro.io import atomic_write_json
+
 
 def main(args) -> None:
     """`repro recl`: measure a group, write the JSON record (and the plot)."""
-    import json
-
-    from repro.cli.cli import load_module
-    from repro.context import ContextModel, measure, plot
-    from repro.io import atomic_write_json
+    from repro.cli.cli import load_module  # heavy: Lightning
+    from repro.context import ContextModel, measure, plot  # heavy: Lightning
 
     models = [ContextModel.parse(m) for m in args.model]
     contexts = [int(x) for x in args.contexts.split(",") if x]

@@ -59,7 +59,7 @@ class Fit:
 
     @property
     def paths(self) -> list[Path]:
-        from repro.callbacks import best_path, last_path
+        from repro.callbacks import best_path, last_path  # heavy: Lightning
 
         return [Path(self.checkpoint), last_path(self.checkpoint), best_path(self.checkpoint)]
 
@@ -115,8 +115,8 @@ def fits_of(steps: list[list[str]]) -> list[Fit]:
     """The fits among command lines (`fit -c A.yaml … --run.checkpoint A.ckpt`, as `repro runs` builds them), each
     with its checkpoint path, its model's parameters and whether it selects. A fit without a checkpoint file (no
     --run.checkpoint, no --run.select or --run.resume) writes none and is left out."""
-    from repro.cli.checkpoints import default_checkpoint
-    from repro.cli.cli import build
+    from repro.cli.checkpoints import default_checkpoint  # heavy: Lightning
+    from repro.cli.cli import build  # heavy: Lightning
 
     out = []
     for args in steps:

@@ -1,5 +1,5 @@
-"""The `repro` command (`pyproject.toml` [project.scripts], `python -m repro`): routes a subcommand to its module
-without importing more than it needs (Lightning takes ~5 s to import on 2 cores).
+"""The `repro` command (`pyproject.toml` [project.scripts], `python -m repro`): routes a subcommand to its module;
+torch and Lightning (~5 s to import on 2 cores) are imported only by the commands that use them.
 
 The top of the stack: the Lightning CLI (`repro.cli.cli`), the shared commands (`repro.cli.commands`), `runs`
 and `rehearse`, and the papers' own commands, found by name through `repro.cli.registry` (the `repro.commands`
@@ -10,6 +10,15 @@ from __future__ import annotations
 import os
 import sys
 from argparse import ArgumentError
+
+from repro.cli.commands import main as commands_main
+from repro.cli.errors import error_line
+from repro.cli.profile import main as profile_main
+from repro.cli.registry import paper_commands
+from repro.cli.rehearsal import rehearse
+from repro.cli.runs import run_group
+from repro.data.download import ArchiveError, ChecksumError, DownloadError
+from repro.tracking import repo_root
 
 # the commands that start without torch (the others may compute under bf16 autocast; `rehearse` runs `repro runs`
 # and `repro fit`, which see to it themselves)
@@ -25,36 +34,37 @@ def main(argv: list[str] | None = None) -> None:
     # the C allocator's policy (freed memory kept for the next step) is decided where a model is built, from its
     # size (`repro.ops.allocator`): every command starts with glibc's default
     if (args[0] if args else "") not in NO_TORCH and not _starts_workers(args):
-        from repro.precision import emulate_bf16_matmul
+        from repro.precision import emulate_bf16_matmul  # heavy: torch
 
         emulate_bf16_matmul()  # on a CPU without bf16 kernels (AVX2 only): float32 products (REPRO_BF16=native: not)
     if not os.environ.get("REPRO_VERBOSE"):  # MLflow's database set-up notes (read when mlflow is imported)
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     _at_repository_root(args[0] if args else "")
     if args and args[0] in ("fit", "validate", "test", "predict", "steps"):
-        from repro.cli.cli import main
+        from repro.cli.cli import main  # heavy: Lightning
 
         main(argv)
         return
     try:
         if args and args[0] == "runs":
-            from repro.cli.runs import run_group
-
             run_group(args[1:])
             return
         if args and args[0] == "profile":
-            from repro.cli.profile import main as profile_main
-
             profile_main(args[1:])
             return
         if args and args[0] == "rehearse":
-            from repro.cli.rehearsal import rehearse
-
             rehearse(args[1:])
             return
-        from repro.cli.commands import main as commands_main
-        from repro.cli.registry import paper_commands
-        from repro.ops.download import ArchiveError, ChecksumError, DownloadError
+        if args and args[0] == "export":
+            from repro.cli.export import main as export_main  # heavy: torch and Lightning
+
+            export_main(args[1:])
+            return
+        if args and args[0] == "step-memory":
+            from repro.cli.stepmemory import main as step_memory_main  # heavy: torch and Lightning
+
+            step_memory_main(args[1:])
+            return
 
         papers = paper_commands()
         routed = {name: run for cmds in papers.values() for name, (run, _) in cmds.items()}
@@ -69,8 +79,6 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("REPRO_DEBUG"):
             raise
         if isinstance(err, ArgumentError):
-            from repro.cli.errors import error_line
-
             err = error_line(err)
         print(f"error: {err}  (REPRO_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
@@ -98,8 +106,6 @@ def _at_repository_root(command: str) -> None:
     `<root>/data` (unless $REPRO_DATA says otherwise) and runs to `<root>/mlflow.db` (`repro.tracking`); the
     pipeline commands (`runs`, `tables`), whose paths are relative to the root, run there. The
     user's own paths (configs, checkpoints) keep their meaning."""
-    from repro.tracking import repo_root
-
     root, here = repo_root(), os.getcwd()
     if os.path.samefile(root, here) or not (root / "dvc.yaml").is_file():
         return

@@ -6,18 +6,18 @@ types, the reason one of them gave.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import typing
 from typing import Any
 
 
 def _did_you_mean(class_path: str, key: str) -> str:
     """The known key nearest to an unknown `key` (`model.n_layers` → `model.n_layer`) of the class `class_path`
     (the constructor's parameters, then a dataclass parameter's fields), or ''."""
-    import dataclasses
-    import difflib
-    import importlib
-    import inspect
-    import typing
-
     try:
         module, name = class_path.rsplit(".", 1)
         obj: Any = getattr(importlib.import_module(module), name)
@@ -43,8 +43,6 @@ def _did_you_mean(class_path: str, key: str) -> str:
 def one_line(message: str) -> str:
     """A jsonargparse error in one line: the inner message of a nested (Union) error, without the namespace dump;
     an unknown key with a suggestion."""
-    import re
-
     text = str(message)
     unknown = re.search(r"class_path '([\w.]+)':\s*unrecognized arguments: --([\w.]+)", text)
     # a misspelt key in a config file: "Group 'model' does not accept option 'n_layers'" or "Option 'memry.mem_len'
@@ -64,13 +62,9 @@ def one_line(message: str) -> str:
                          r"(trainer|run)\.([\w.]+)", text)
                or re.search(r"Group '(trainer|run)' does not accept option '([\w.]+)'", text))
     if unknown:
-        import difflib
-
         group, key = unknown.groups()
         if group == "trainer":
-            import inspect
-
-            from lightning.pytorch import Trainer
+            from lightning.pytorch import Trainer  # heavy: Lightning
 
             known = list(inspect.signature(Trainer).parameters)
         else:

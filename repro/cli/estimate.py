@@ -54,7 +54,8 @@ def estimate(module, datamodule) -> dict:
 def estimates_of(steps: list[list[str]]) -> dict[str, dict]:
     """{config: estimate} of the fits among command lines (`fit -c A.yaml …`, as `repro runs` builds them), keyed by
     the first config file; a config fitted twice (seeds) keeps the larger figures."""
-    from repro.cli.cli import build  # torch and Lightning: the rehearsal's parent imports this module without them
+    # heavy: torch and Lightning, which the rehearsal's parent imports this module without
+    from repro.cli.cli import build
 
     out: dict[str, dict] = {}
     for args in steps:

@@ -1,8 +1,8 @@
 """Export a trained checkpoint to the shared format (`repro.weights.hub.ExportedLM`): settings, safetensors weights
 and vocabulary in one folder, optionally logged as an artifact of its MLflow run and pushed to the Hugging Face Hub.
 
-    python -m repro.cli.export -c configs/transformer_xl/tiny/enwik8_12l.yaml --ckpt A.ckpt --out exported/A
-    python -m repro.cli.export -c CONFIG --ckpt A.ckpt --out exported/A --mlflow --push-to org/name
+    repro export -c configs/transformer_xl/tiny/enwik8_12l.yaml --ckpt A.ckpt --out exported/A
+    repro export -c CONFIG --ckpt A.ckpt --out exported/A --mlflow --push-to org/name
 
 Follows `repro test`'s loading (`repro.cli.cli.load_module`: the config the checkpoint was trained with, its
 vocabulary checked against the data's) and `huggingface_hub`'s `save_pretrained`/`push_to_hub`. Differs from a
@@ -74,13 +74,13 @@ def export(configs: list[str], ckpt: str, out: str | os.PathLike) -> Path:
 def log_to_mlflow(out: Path, run_id: str) -> None:
     """The export folder as artifacts (`exported/`) of the training run `run_id` (the tracking URI of the
     environment, as `repro fit` logs)."""
-    from mlflow.tracking import MlflowClient  # heavy: only with --mlflow
+    from mlflow.tracking import MlflowClient  # heavy: MLflow, only with --mlflow
 
     MlflowClient().log_artifacts(run_id, str(out), artifact_path="exported")
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m repro.cli.export", description=__doc__,
+    ap = argparse.ArgumentParser(prog="repro export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", action="append", required=True, help="the config the checkpoint trained with")
     ap.add_argument("--ckpt", required=True, help="the trained checkpoint (A.ckpt)")

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
+from repro.generate import decode, encode_prompt, generate
+from repro.io import atomic_write_text
+
 
 def main(args) -> None:
     """`repro generate -c CONFIG [-c EVAL] --ckpt_path CKPT --prompt FILE [--length N --top_k 40 --seed S]`."""
-    from repro.cli.cli import load_module
-    from repro.generate import decode, encode_prompt, generate
-    from repro.io import atomic_write_text
+    from repro.cli.cli import load_module  # heavy: Lightning
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -16,9 +16,12 @@ ending are `repro.cli.checkpoints`'; the record and summary line `repro.cli.reco
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import shlex
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +29,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import MLFlowLogger
 
 from repro.callbacks import (
     BestCheckpoint,
@@ -48,8 +52,12 @@ from repro.cli.checkpoints import (
 )
 from repro.cli.collisions import CheckpointLock, check_resume
 from repro.cli.records import peak_rss_ranks, plot_curves, run_record, summary_line
+from repro.io import atomic_write_json, check_checkpoint
 from repro.lm import SegmentLM
-from repro.tracking import hardware, tracking_uri
+from repro.memory import check_mechanisms
+from repro.nn.attention import set_attention_kernel
+from repro.ops.allocator import keep_freed_memory
+from repro.tracking import artifact_location, hardware, mark_dead_runs, repo_root, run_tags, tracking_uri
 
 LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 SEED = 1111  # the reference's default seed
@@ -60,9 +68,6 @@ def quiet() -> None:
     tips), MLflow's database set-up notes, and warnings about library internals (deprecations inside Lightning
     and torch, a model summary's precision). The run's own lines — progress, one summary per run, errors — stay.
     REPRO_VERBOSE=1 keeps everything."""
-    import logging
-    import warnings
-
     if os.environ.get("REPRO_VERBOSE"):
         return
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is imported (it sets its own level)
@@ -201,8 +206,6 @@ class ReproCLI(LightningCLI):
         return "/".join(x for x in (run.get("profile"), run.get("experiment")) if x) or "run"
 
     def _resume_command(self, last: Path) -> str:
-        import shlex
-
         args = [a for a in sys.argv[1:]] if sys.argv[1:] else []
         if "--run.resume" not in " ".join(args):
             args += ["--run.resume", "true"]
@@ -212,6 +215,11 @@ class ReproCLI(LightningCLI):
         return bool(self.subcommand is not None and self._run_cfg().get("dry_run"))
 
     def instantiate_classes(self) -> None:
+        # a model's memory mechanisms are checked before anything is built: the config's key in the one line
+        cfg = self.config.get(str(self.subcommand), self.config)
+        key = "model.init_args.mechanisms"
+        if cfg.get(key):
+            check_mechanisms(cfg.get(key), key=key)
         # a dry run builds the model as `build(meta=True)` does: a paper model of 0.8B parameters costs neither its
         # 3 GB nor the seconds of its initialisation, and every shape and setting check still runs
         with torch.device("meta") if self._dry_run() else nullcontext():
@@ -296,8 +304,6 @@ class ReproCLI(LightningCLI):
             # A user's ModelCheckpoint without a dirpath writes under the logger's folder, which for MLflow is
             # `<default_root_dir>/<experiment id>/<run id>/checkpoints`: beside the run's checkpoint, not in the
             # working directory.
-            from repro.tracking import repo_root
-
             kwargs["default_root_dir"] = str(Path(run["checkpoint"]).parent if run.get("checkpoint")
                                              else repo_root() / "checkpoints")
         trainer = super().instantiate_trainer(**kwargs)
@@ -326,8 +332,6 @@ class ReproCLI(LightningCLI):
         return parser.dump(cfg, skip_none=False)
 
     def _mlflow(self):
-        from lightning.pytorch.loggers import MLFlowLogger
-
         for lg in self.trainer.loggers:
             if isinstance(lg, MLFlowLogger):
                 return lg
@@ -340,9 +344,6 @@ class ReproCLI(LightningCLI):
         cfg = self.config.get(str(self.subcommand), self.config)
         if run.get("tracking", "mlflow") != "mlflow" or cfg.get("trainer", {}).get("logger"):
             return
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        from repro.tracking import artifact_location, run_tags
 
         tags = run_tags(subcommand=str(self.subcommand), run=run, seed=cfg.get("seed_everything"),
                         ckpt_path=self.config_init[str(self.subcommand)].get("ckpt_path"))
@@ -356,7 +357,6 @@ class ReproCLI(LightningCLI):
         lg = self._mlflow()
         if lg is None or self.trainer.global_rank != 0:
             return
-        from repro.tracking import mark_dead_runs
 
         mark_dead_runs(lg.experiment)  # runs left RUNNING by a killed process end as KILLED
         cfg = self.config.get(str(self.subcommand), self.config)
@@ -374,8 +374,6 @@ class ReproCLI(LightningCLI):
     def _before(self) -> None:
         """Checks that need no run: the checkpoint (exists, loads, fits this model), or its absence for a test;
         then the MLflow run starts."""
-        from repro.io import check_checkpoint
-
         run = self._run_cfg()
         sub = str(self.subcommand)
         cfg = self.config_init[sub]
@@ -394,13 +392,11 @@ class ReproCLI(LightningCLI):
                 print(f"repro: resuming from {last}", flush=True)
         ckpt = cfg.get("ckpt_path")
         self._check_untrained(sub)
-        from repro.ops.allocator import keep_freed_memory
 
         # freed memory kept for the next step, on a CPU profile's model small enough that its heap's holes stay small
         keep_freed_memory(parameters=sum(p.numel() for p in self.model.parameters()), profile=run.get("profile"))
-        from repro.nn.attention import set_attention_kernel
 
-        set_attention_kernel(run.get("attention") or "auto")
+        set_attention_kernel(self.model, run.get("attention") or "auto")
         if run.get("compile"):
             self.model.compile_model(mode="reduce-overhead" if run["compile"] == "cudagraphs" else None)
         self._ckpt_info = check_checkpoint(ckpt, self.model) if ckpt else None
@@ -440,8 +436,9 @@ class ReproCLI(LightningCLI):
     def _set_checkpoint_layers(self) -> None:
         model = getattr(self.model, "model", None)
         if not getattr(model, "supports_checkpoint_layers", False):
-            raise ValueError(f"--run.checkpoint_layers: {type(model).__name__} runs a layer loop of its own, which "
-                             "does not checkpoint its layers: leave --run.checkpoint_layers false")
+            raise ValueError(f"--run.checkpoint_layers: {type(model).__name__} does not checkpoint its layers (only "
+                             "the backbone without memory mechanisms, whose reads and writes a recomputed layer "
+                             "would repeat, does): leave --run.checkpoint_layers false")
         model.checkpoint_layers = True
 
     def _check_untrained(self, sub: str) -> None:
@@ -498,8 +495,6 @@ class ReproCLI(LightningCLI):
                             logger=lg, peaks=peaks, wall_seconds=round(time.time() - self._t0, 1),
                             select=self._select)
         if run.get("record"):
-            from repro.io import atomic_write_json
-
             atomic_write_json(run["record"], record)
         line = summary_line(stage, self._name(), record["metrics"], record["provenance"],
                             keep=getattr(self.model, "summary_metrics", None))

@@ -31,12 +31,12 @@ from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
 
+from repro.io import atomic_path
+
 FILES = ("params.yaml", "dvc.lock")
 
 
 def _write(path: Path, data: bytes) -> None:
-    from repro.io import atomic_path
-
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
 

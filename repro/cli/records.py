@@ -9,27 +9,28 @@ CLI decides when they run and where the record goes (`--run.record`, MLflow, `re
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from repro.io import atomic_path
+from repro.ops.rss import peak_rss_mb
 from repro.tracking import hardware
 
 
 def plot_curves(csv_path: str) -> Path | None:
     """The loss curves of a fit as a PNG beside its CSV."""
-    import csv
-
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:
         return None
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for split in ("train", "valid"):
@@ -42,7 +43,6 @@ def plot_curves(csv_path: str) -> Path | None:
     ax.legend()
     fig.tight_layout()
     out = Path(csv_path).with_suffix(".png")
-    from repro.io import atomic_path
 
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -53,8 +53,6 @@ def plot_curves(csv_path: str) -> Path | None:
 def peak_rss_ranks(trainer) -> list[float]:
     """Every rank's peak RSS in MiB (`repro.ops.rss`), gathered: the ranks of a DDP run on one machine share its
     memory, and rank 0's own figure would hide the others'. Collective: called on every rank."""
-    from repro.ops.rss import peak_rss_mb
-
     if trainer.world_size <= 1:
         return [peak_rss_mb()]
     mine = torch.tensor([peak_rss_mb()], dtype=torch.float64, device=trainer.strategy.root_device)

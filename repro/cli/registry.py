@@ -15,7 +15,10 @@ PAPER` and `repro describe` find them here, never through a module name built fr
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 GROUP = "repro.commands"
@@ -26,12 +29,9 @@ Command = tuple[Callable[[list[str]], None], str]
 
 def _declared(group: str = GROUP) -> list[tuple[str, str]]:
     """(paper, "module:attribute") of every entry of the group, in the order declared."""
-    from importlib.metadata import entry_points
-
     found = [(ep.name, ep.value) for ep in entry_points(group=group)]
     if found:
         return found
-    import tomllib
 
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not pyproject.is_file():
@@ -42,8 +42,6 @@ def _declared(group: str = GROUP) -> list[tuple[str, str]]:
 
 def paper_commands() -> dict[str, dict[str, Command]]:
     """{paper: {command name: (run, help)}}: every paper's commands, papers in the order pyproject declares them."""
-    import importlib
-
     out: dict[str, dict[str, Command]] = {}
     owner: dict[str, str] = {}
     for paper, target in _declared():
@@ -66,8 +64,6 @@ def table_papers() -> list[str]:
 def paper_tables(paper: str):
     """The tables module of `paper` (its `build`, and `PAPER_PARAMS` where it has one); a paper without tables is
     an error that names those with tables."""
-    import importlib
-
     targets = dict(_declared(TABLES))
     if paper not in targets:
         raise ValueError(f"no tables for paper {paper!r}: papers with tables are {', '.join(targets) or 'none'}")

@@ -31,24 +31,30 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from repro.cli import rehearsal_plan, rehearsal_record
+from repro.cli.disk import check, fits_in_child
 from repro.cli.estimate import estimates_in_child
 
 # the configs that turn a paper experiment into its rehearsal; `repro runs --rehearsal true` composes them too, and
 # they live below both commands (`repro.cli.runs` imports them, and this module imports `repro.cli.runs`)
 from repro.cli.rehearsal_configs import config_overrides
-from repro.cli.rehearsal_plan import DDP_RUNS, merged_params
+from repro.cli.rehearsal_plan import DDP_RUNS, drop_checkpoints, merged_params
 from repro.cli.runs import runs_parser, runs_steps
 from repro.io import atomic_write_json
 from repro.ops import mirror
+from repro.ops.rss import run_measured
 
 # One experiment per paper at its full size, from download to table (`--subset ci`): the stages in order. The
 # tables stages run with `-s` (single item): their inputs are the runs above, not every group of the paper.
@@ -70,8 +76,6 @@ def make_workspace(root: Path, ws: Path) -> None:
     """A scratch copy of the repository (tracked and untracked-but-not-ignored files, as they are now), with the
     paper profile's parameters merged with the rehearsal's, its own git and DVC state. Paper-profile records that
     the copy brings along are removed so that every cell comes from this rehearsal."""
-    import yaml
-
     if ws.exists():
         shutil.rmtree(ws)
     ws.mkdir(parents=True)
@@ -97,11 +101,6 @@ def runs_stages(root: Path, params: dict) -> dict[str, list[str]]:
     """Every stage of `dvc.yaml` whose command is `repro runs`, by DVC's name for it (`txl_run@lm`), with that
     command's arguments after `repro runs`, each `${…}` filled from `params` as DVC fills it (`foreach` over a
     dictionary: `${key}`, `${item}`; booleans as `true`/`false`)."""
-    import re
-    import shlex
-
-    import yaml
-
     def value(path: str):
         node = params
         for part in path.split("."):
@@ -144,8 +143,6 @@ class DiskPeak:
     `take()`, and since it started (`overall`): a stage's disk as its checkpoints come and go."""
 
     def __init__(self, folder: Path, every: float = 1.0):
-        import threading
-
         self.folder, self.every = folder, every
         self.since = self.overall = 0
         self._stop = threading.Event()
@@ -188,11 +185,6 @@ def check_disk(root: Path, work: Path, plan: list[str], schedule: list[list[str]
     process, this one stays without torch for the hours the stages run), and the workspace's copy of the
     repository. A workspace left by an earlier rehearsal is deleted first, so its bytes count as free. Returns the
     need in bytes."""
-    from dataclasses import replace
-
-    from repro.cli.disk import check, fits_in_child
-    from repro.cli.runs import runs_parser, runs_steps
-
     commands = runs_stages(root, params)
     groups, jobs = [], 1  # the fit command lines of each stage of the plan (its fits run side by side), then DDP's
     for name in plan:
@@ -256,9 +248,6 @@ def run_stages(plan: list[str], ws: Path, env: dict, *, keep_going: bool, drop: 
     (`repro.cli.rehearsal_plan.drop_checkpoints`). `on_step(entry)` is called as each stage ends (the record of a
     rerun is written there, so that an interrupted rehearsal keeps its finished stages). Stops after a failed stage
     unless `keep_going`."""
-    from repro.cli.rehearsal_plan import drop_checkpoints
-    from repro.ops.rss import run_measured
-
     summary = []
     for name in plan:
         print(f"rehearse: {name}", flush=True)
@@ -285,8 +274,6 @@ def run_stages(plan: list[str], ws: Path, env: dict, *, keep_going: bool, drop: 
 def ddp_fit(ws: Path, env: dict, paper: str, config: str, out: Path) -> tuple[dict, float]:
     """A paper-size experiment of the rehearsal in 2 processes (DDP over gloo on the CPU, as on a GPU node: each rank
     holds its shard of the memory streams); returns its fit record and the command's peak RSS (MiB)."""
-    from repro.ops.rss import run_measured
-
     cfg = Path("configs") / paper / "paper" / f"{config}.yaml"
     record = out / f"{paper}.{config}.ddp.fit.json"
     cmd = ["repro", "fit", "-c", str(cfg), *config_overrides(cfg), "--trainer.accelerator", "cpu",
@@ -387,7 +374,7 @@ def rehearse(argv: list[str]) -> None:
     print(f"rehearse: {len(plan)} stages{fits}; the checkpoints and the workspace need "
           f"{need / 1e9:.1f} GB of disk at most", flush=True)
     print(f"rehearse: building the mirror in {work / 'mirror'}", flush=True)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar while the mirror's GPT-2 is saved
     mirror.build_mirror(work / "mirror")

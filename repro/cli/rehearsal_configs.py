@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 REHEARSAL_CONFIGS = Path("configs") / "rehearsal"
 
 
 def config_overrides(config: str | Path, *, root: Path = Path(".")) -> list[str]:
     """`-c` arguments that turn a paper experiment into its rehearsal: the trainer caps, then the file named after
     the config's data module (`configs/rehearsal/<DataModule>.yaml`), when there is one."""
-    import yaml
-
     config = Path(config)
     cfg = yaml.safe_load(config.read_text()) or {}
     data_cls = str((cfg.get("data") or {}).get("class_path") or "").rsplit(".", 1)[-1]

@@ -16,6 +16,7 @@ right after its own stage (its tests run inside it). Dropped means the files and
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -54,9 +55,7 @@ def merged_params(root: Path) -> dict:
 
 def read_pipeline(root: Path, params: dict) -> Pipeline:
     """DVC's graph of `root`'s `dvc.yaml` with `params` as its `params.yaml` (see the module's docstring)."""
-    import logging
-
-    from dvc.repo import Repo  # heavy (DVC's whole stack): only where a pipeline is read
+    from dvc.repo import Repo  # heavy: DVC's whole stack, only where a pipeline is read
 
     logging.getLogger("dvc").setLevel(logging.WARNING)  # "Initialized DVC repository." for a scratch folder
     with tempfile.TemporaryDirectory(prefix="repro-plan-") as tmp:

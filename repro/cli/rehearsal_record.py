@@ -49,7 +49,7 @@ SUMMARY = Path("results") / "rehearsal" / "summary.json"
 PARAMS_FILES = ("params.paper.yaml", "params.rehearsal.yaml")
 REHEARSAL_CONFIGS = Path("configs") / "rehearsal"
 MIRROR = Path("repro") / "ops" / "mirror"
-DOWNLOAD = "repro/ops/download.py"
+DOWNLOAD = "repro/data/download.py"
 ORCHESTRATOR = ("repro/cli/rehearsal.py", "repro/cli/rehearsal_plan.py", "repro/cli/rehearsal_record.py")
 # the Lightning CLI's subcommands and the other commands with a module of their own (`repro.cli.entry`)
 COMMAND_MODULES = {"fit": "repro.cli.cli", "validate": "repro.cli.cli", "test": "repro.cli.cli",

@@ -6,17 +6,29 @@ experiments among N worker processes (`repro runs … --jobs 1`), which import t
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fcntl
+import importlib
+import io
 import os
+import re
+import shlex
+import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
+
+from repro.cli.disk import check, fits_of
+from repro.cli.rehearsal_configs import config_overrides
+from repro.tracking import experiment_id
 
 
 def run_spec(spec: str) -> tuple[str, str | None, int | None, str]:
     """`CONFIG[+VARIANT][@SEED]` → (config name, variant, seed, experiment name). The experiment is the config name,
     then `_VARIANT`, then `.seedSEED`: `lra_listops+mgk1@2` is config `lra_listops` with `model.init_args.variant
     mgk1`, seed 2, experiment `lra_listops_mgk1.seed2`."""
-    import re
-
     m = re.fullmatch(r"([A-Za-z0-9_.-]+?)(?:\+([A-Za-z0-9_]+))?(?:@(\d+))?", spec)
     if not m:
         raise ValueError(f"run spec {spec!r} is not CONFIG[+VARIANT][@SEED] (e.g. wt103_base, char_txl@2, "
@@ -39,8 +51,6 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
     spec carries the after-run arguments (config, checkpoint, experiment). `rehearsal` composes the rehearsal
     configs (`repro.cli.rehearsal_configs.config_overrides`: 2 training batches, a few evaluation batches) after each
     step's own."""
-    from repro.cli.rehearsal_configs import config_overrides
-
     base = Path(configs_root) / paper / profile
     ckpt_dir, rec_dir, curve_dir = group_dirs(paper, profile, group)
     kinds = [t.split(":", 1) if ":" in t else [t, ""] for t in tests.split(",") if t]
@@ -75,8 +85,6 @@ def runs_steps(paper: str, profile: str, group: str, specs: list[str], *, tests:
 def runs_parser():
     """The arguments of `repro runs` (`run_group`); `repro rehearse` reads the pipeline's `repro runs` commands with
     it to size their disk need."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="repro runs", description=run_group.__doc__)
     ap.add_argument("--paper", required=True)
     ap.add_argument("--profile", required=True)
@@ -128,20 +136,15 @@ def check_disk(args, steps: list[list[str]], jobs: int) -> None:
     (`repro.cli.disk`). With workers, each worker checks before it takes an experiment (`_work_queue`): the parent,
     which only shares out the experiments, imports no torch, and sizing the models there cost 9 s per stage of
     the tiny profile (a fresh interpreter) against 1-2 s in workers that import the papers' code anyway."""
-    from repro.cli.disk import check, fits_of
-
     check(f"repro runs --paper {args.paper} --profile {args.profile} --group {args.group}", fits_of(steps),
           jobs=jobs)
 
 
 def _run_specs(args, specs: list[str]) -> None:
     """Train and test `specs` here, one after the other."""
-    import importlib
-    import shlex
+    import torch  # heavy: torch
 
-    import torch
-
-    from repro.cli.cli import run_steps
+    from repro.cli.cli import run_steps  # heavy: Lightning
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -153,9 +156,6 @@ def _run_specs(args, specs: list[str]) -> None:
         lines += run_steps([shlex.join(step)], quiet=True)
         if post is not None:
             if after is not None:  # what the analysis prints joins the experiment's line
-                import contextlib
-                import io
-
                 with contextlib.redirect_stdout(io.StringIO()) as said:
                     # a rehearsal's analysis runs with the rehearsal's configs too (e.g. fewer batches)
                     after(*post[:3], rec_dir, **({"overrides": list(post[3])} if post[3] else {}))
@@ -169,8 +169,6 @@ def _run_specs(args, specs: list[str]) -> None:
 
 def _next_spec(queue: Path) -> str | None:
     """Take the first spec off the queue file (under an exclusive lock), or None when it is empty."""
-    import fcntl
-
     with open(queue, "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         lines = [line for line in f.read().splitlines() if line.strip()]
@@ -198,8 +196,6 @@ def _work_queue(args) -> None:
 def _prepare_tracking(experiment: str) -> None:
     """Create the MLflow database and the paper's experiment before the workers start: two workers that both find
     them missing would race to create them (sqlite schema set-up, unique experiment names)."""
-    from repro.tracking import experiment_id
-
     experiment_id(experiment)
 
 
@@ -208,10 +204,6 @@ def _run_workers(args, jobs: int) -> None:
     (in the order given: list the longest first), so that the workers finish together. Their output is streamed
     with a `[k]` prefix; the group fails if any worker failed (after all have finished, so that no run is cut
     half-way)."""
-    import subprocess
-    import tempfile
-    import threading
-
     threads = args.threads or max(1, (os.cpu_count() or 1) // jobs)
     _prepare_tracking(args.paper)
     fixed = ["--paper", args.paper, "--profile", args.profile, "--group", args.group, "--tests", args.tests,

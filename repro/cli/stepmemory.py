@@ -1,7 +1,7 @@
 """Peak memory of a paper config's training step against `--run.batch_chunk` and `--run.checkpoint_layers`, and the
 settings that fit its batch on a 40 GB or an 80 GB GPU:
 
-    python -m repro.cli.stepmemory -c configs/transformer_xl/paper/wt103_large.yaml \\
+    repro step-memory -c configs/transformer_xl/paper/wt103_large.yaml \\
         --out results/transformer_xl/step_memory/wt103_large.json
 
 What is measured, on the CPU and in float32 (the paper configs' precision): every byte the allocator hands out during
@@ -270,7 +270,7 @@ def config_comment(record: dict, record_path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m repro.cli.stepmemory", description=__doc__,
+    ap = argparse.ArgumentParser(prog="repro step-memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", action="append", required=True, help="a paper config (and overrides)")
     ap.add_argument("--streams", default="1,2", help="streams per chunk to measure (comma-separated)")
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"error: config {path} does not exist")
     record = measure(args.config, streams)
     env = environment(torch.device("cpu"))
-    record["provenance"] = {"command": "python -m repro.cli.stepmemory " + " ".join(argv or []),
+    record["provenance"] = {"command": "repro step-memory " + " ".join(argv or []),
                             "hardware": hardware(), "host_cpu": env["host_cpu"], "torch": env["torch"],
                             "threads": torch.get_num_threads()}
     atomic_write_json(args.out, record)

@@ -9,8 +9,11 @@ Everything is written atomically: an interrupted build leaves no half-written ca
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from array import array
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +22,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from repro.data import embedded
+from repro.data import embedded, sources
 from repro.data.root import data_dir
-from repro.data.vocab import Vocab, char_vocab, encode_chars, encode_words, word_vocab
+from repro.data.vocab import EOS, Vocab, char_vocab, encode_chars, encode_words, frequency_order, word_vocab
 from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
 
 SPLITS = ("train", "valid", "test")
@@ -98,8 +101,6 @@ def wikitext103_lines(files: dict[str, Path]) -> dict[str, list[str]]:
 
 
 def _wikitext103(raw: Path) -> Built:
-    from repro.data import sources
-
     return _build_word(wikitext103_lines(sources.wikitext103_files(raw)),
                        {"source": "wikitext-103-v1.zip (tokenized)"})
 
@@ -121,8 +122,6 @@ def enwik8_splits(data: bytes, *, drop_newlines: bool = False) -> dict[str, byte
 
 
 def _enwik8(raw: Path, *, drop_newlines: bool) -> Built:
-    from repro.data import sources
-
     data = sources.enwik8_bytes(raw.parent / "enwik8")  # one download for both variants
     return _build_char(enwik8_splits(data, drop_newlines=drop_newlines),
                        {"source": "enwik8.zip", "newlines": "dropped" if drop_newlines else "kept"})
@@ -138,8 +137,6 @@ def text8_splits(data: str | bytes) -> dict[str, bytes]:
 
 
 def _text8(raw: Path) -> Built:
-    from repro.data import sources
-
     return _build_char(text8_splits(sources.text8_bytes(raw)), {"source": "text8.zip"})
 
 
@@ -181,8 +178,6 @@ def encode_sentences(sentences: list[str], vocab: Vocab) -> np.ndarray:
     sentence's input starts with its own `<S>`: the inputs and targets it scores are exactly those of this stream.
     Words outside the vocabulary become `<UNK>`; words are split as the reference's `line.strip().split()`, and a
     blank line is an empty sentence (`<S> <S>` there, one more `<S>` here), as the reference encodes every line."""
-    from array import array
-
     index = vocab.index
     bos, unk = index[LM1B_BOUNDARY], index[LM1B_UNK]
     out = array("i", [bos])
@@ -210,8 +205,6 @@ def lm1b_splits(train_shards: list[Path], valid: Path, test: Path, vocab: Vocab,
 
 
 def _lm1b(raw: Path) -> Built:
-    from repro.data import sources
-
     files = sources.lm1b_files(raw)
     vocab = lm1b_vocab(files["vocab"])
     return Built(vocab, lm1b_splits(files["train"], files["valid"], files["test"], vocab),
@@ -231,10 +224,6 @@ def build_ptb(lines: dict[str, list[str]], meta: dict) -> Built:
     """Penn Treebank as the reference reads it: lower-cased, whitespace split, `<eos>` after every line, the
     vocabulary counted on all three splits (`<eos>` first, then decreasing count). The data already maps rare words
     to `<unk>`, so the vocabulary is the closed 10,000 symbols."""
-    from collections import Counter
-
-    from repro.data.vocab import EOS, frequency_order
-
     counter: Counter = Counter()
     for s in SPLITS:
         for line in lines[s]:
@@ -244,8 +233,6 @@ def build_ptb(lines: dict[str, list[str]], meta: dict) -> Built:
 
 
 def _ptb(raw: Path) -> Built:
-    from repro.data import sources
-
     return build_ptb(ptb_lines(sources.ptb_files(raw)), {"source": "simple-examples.tgz (Mikolov), data/ptb.*.txt"})
 
 
@@ -302,8 +289,6 @@ def build(name: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def _build(name: str, root: str | os.PathLike | None) -> Path:
-    import json
-
     folder = cache_dir(name, root)
     s = spec(name)
     if is_built(name, root):
@@ -335,8 +320,6 @@ def _build(name: str, root: str | os.PathLike | None) -> Path:
 
 
 def load_corpus(name: str, root: str | os.PathLike | None = None) -> Corpus:
-    import json
-
     s = spec(name)
     folder = build(name, root)
     meta = json.loads((folder / "meta.json").read_text())
@@ -349,8 +332,6 @@ def load_corpus(name: str, root: str | os.PathLike | None = None) -> Corpus:
 
 def vocab_size(name: str, root: str | os.PathLike | None = None) -> int:
     """The vocabulary size without building a paper corpus that is not there yet."""
-    import json
-
     s = spec(name)
     folder = cache_dir(name, root)
     if is_built(name, root):

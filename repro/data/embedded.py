@@ -32,6 +32,7 @@ import sys
 import sysconfig
 from collections import Counter
 from pathlib import Path
+from pydoc_data.topics import topics
 
 SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
 SPLITS = ("train", "valid", "test")
@@ -40,8 +41,6 @@ WIKITEXT_MIN_COUNT = 3  # WikiText replaced words seen fewer than 3 times by <un
 
 def documents(*, docstrings: bool = True) -> list[tuple[str, str]]:
     """(name, text) for every document, in the fixed order."""
-    from pydoc_data.topics import topics
-
     docs = [(f"topic:{name}", text) for name, text in topics.items()]
     if docstrings:
         docs += _stdlib_docstrings()

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from repro.data.download import sha256_file
 from repro.io import atomic_write_json, atomic_write_text
-from repro.ops.download import sha256_file
 
 FORMAT_VERSION = 1  # of the generated files' manifest
 

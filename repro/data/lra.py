@@ -60,6 +60,7 @@ from repro.data.lra_tasks import (
     save_task,
 )
 from repro.data.root import data_dir
+from repro.io import build_lock
 
 
 class Batch(NamedTuple):
@@ -195,8 +196,6 @@ class LRADataModule(L.LightningDataModule):
         return s
 
     def prepare_data(self) -> None:
-        from repro.io import build_lock
-
         with build_lock(self.folder):  # two runs of one task may build it at once
             self._prepare()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from repro.ops.download import ChecksumError
+from repro.data.download import ChecksumError
 
 LRA_RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
@@ -32,7 +32,7 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 # keras/src/datasets/cifar10.py (`file_hash`), the same in tensorflow/datasets url_checksums/cifar10.csv; MD5 in
 # pytorch/vision torchvision/datasets/cifar.py (`tgz_md5`). No checksum is published for lra_release.gz (the LRA
 # README gives only the URL): the first download records its sha256 beside the file (`<file>.sha256`) and later uses
-# are verified against it (trust on first use, see repro.ops.download).
+# are verified against it (trust on first use, see repro.data.download).
 IMDB_PUBLISHED = {"sha256": "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe", "size": 84_125_825}
 CIFAR10_PUBLISHED = {"sha256": "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
                      "md5": "c58f30108f718f92721af3b95e74349a"}
@@ -157,7 +157,7 @@ def read_pathfinder(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     Each `metadata/*.npy` is text despite its name: one line per image, `<image folder> <file name> <…> <label>
     …`, label in the fourth field. Empty PNG files (a few exist in the release) are skipped."""
-    from PIL import Image
+    from PIL import Image  # optional: Pillow (matplotlib's dependency, not ours)
 
     folder = Path(folder)
     metas = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from repro.data.download import ChecksumError, download, sha256_file
 from repro.data.listops import (
     LISTOPS_FILES,
     LISTOPS_VOCAB,
@@ -42,7 +43,6 @@ from repro.data.lra_sources import (
     read_pathfinder,
 )
 from repro.io import atomic_write_json, load_tensors, save_tensors
-from repro.ops.download import ChecksumError, download, sha256_file
 
 FORMAT_VERSION = 1  # of a built task (meta.json): a task cached under another is rebuilt
 SPLITS = ("train", "valid", "test")

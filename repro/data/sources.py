@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from repro.io import atomic_path, atomic_write_json
-from repro.ops.download import (
+from repro.data.download import (
+    ArchiveError,
     DownloadError,
     Published,
     download,
@@ -36,6 +37,8 @@ from repro.ops.download import (
     read_sidecar,
     sha256_file,
 )
+from repro.data.hf_hub import HUB_HELP, hub_offline
+from repro.io import atomic_path, atomic_write_json
 
 # Checksums published for the same files by maintained libraries, copied exactly from the file named (read through
 # the code index, not computed by us; never fill in a value that was not read from such a record). `download`
@@ -132,8 +135,6 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
         try:
             _wikitext103_from_hf(files)
         except Exception as hf_err:  # no `datasets`, no network to the Hub, or a changed dataset layout
-            from repro.text.tokenizer import HUB_HELP
-
             offline = "OfflineMode" in str(hf_err)  # the hub unreachable (hub_offline) and the cache without it
             raise DownloadError(f"{err}\nThe Hugging Face fallback ({'/'.join(WIKITEXT103_HF)}) failed too: "
                                 + (f"the hub is unreachable and its cache lacks the dataset ({HUB_HELP})" if offline
@@ -154,10 +155,8 @@ def wikitext103_files(raw_dir: str | os.PathLike, *, urls: Sequence[str] | None 
 
 
 def _hf_rows(split: str) -> Iterable[str]:
-    from repro.text.tokenizer import hub_offline
-
     hub_offline()  # an unreachable hub: its cache only, at once (not ~30 s of retry messages per request)
-    import datasets  # optional: only needed when every zip mirror is unreachable
+    import datasets  # heavy: datasets, only when every zip mirror is unreachable
 
     ds = datasets.load_dataset(*WIKITEXT103_HF, split=split)
     for batch in ds.iter(batch_size=10_000):
@@ -224,10 +223,6 @@ def _extract_tar(tar_path: Path, folder: Path, wanted) -> dict[str, Path]:
     """Extract the members of a .tar.gz for which `wanted(name)` is true into `folder` (names without a leading
     './'), each atomically; a stamp beside them records the archive's checksum and the sizes, so that a second
     call extracts nothing. Returns member name → path."""
-    import tarfile
-
-    from repro.ops.download import ArchiveError
-
     digest = read_sidecar(tar_path) or sha256_file(tar_path)
     source = f"{tar_path.name} sha256:{digest}"
     stamp = _read_stamp(folder)

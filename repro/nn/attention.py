@@ -10,9 +10,10 @@ differ only in the scores:
   score(i, j) = q_i·k_j + q_i·W_kR R_{i-j} + u·k_j + v·W_kR R_{i-j}, the last two with learned u, v per head.
 - `AbsoluteAttention`: the standard attention of Vaswani et al. (positions added to the input), with the memory
   prepended to the keys, as the reference's `attn_type=2`.
-Masking, softmax, attention dropout and the value product are written once, in `attend`, which runs one of two
-kernels (`attention_kernel`): `eager`, the scores as a (B, H, T, K) tensor, softmax in float32 (on a CPU in row
-blocks, `repro.nn.blocked`), as the reference computes them; or `sdpa`, PyTorch's fused
+Masking, softmax, attention dropout and the value product are written once, in `attend`, which runs the kernel
+its caller passes, each attention module's `kernel` setting (`set_attention_kernel(model, name)`, or for a block
+`attention_kernel(model, name)`): `eager`, the scores as a (B, H, T, K) tensor, softmax in float32 (on a CPU in
+row blocks, `repro.nn.blocked`), as the reference computes them; or `sdpa`, PyTorch's fused
 `scaled_dot_product_attention`, with Transformer-XL's positional term and the mask passed as one additive bias
 (its memory-efficient kernel on a GPU takes a bias and returns its gradient), so that the softmax's probabilities
 never exist as a tensor. `auto` (the default) is `sdpa` on a GPU and `eager` on a CPU, where the blocked softmax is
@@ -122,50 +123,63 @@ class _SoftmaxLSE(torch.autograd.Function):
         return None if grad is None else grad.to(ctx.in_dtype)
 
 
-def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
+def causal_mask(q_len: int, k_len: int, *, same_length: bool = False, span: int = 0, device=None) -> torch.Tensor:
     """(T, K) bool, True where query i may NOT attend key j. Query i sits at key position M + i, M = K − T.
 
-    `same_length` (evaluation) makes every query see the same number of keys: the last `mem_len` keys up to and
-    including itself, once that many exist (the reference's `same_length` mask, which counts against the
-    configured `mem_len`, not the memory actually present).
+    `same_length` (evaluation) makes every query see the same number of keys: the last `span` keys up to and
+    including itself, once that many exist. `span` is the most keys before the segment: the configured memory
+    length (the reference's `same_length` mask counts against the configured `mem_len`, not the memory actually
+    present), plus the most rows a memory mechanism attends before it.
     """
     m = k_len - q_len
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     mask = torch.triu(ones, diagonal=1 + m)
     if same_length:
-        excess = k_len - mem_len
+        excess = k_len - span
         shift = q_len - excess if excess > 0 else q_len
         mask = mask | torch.tril(ones, diagonal=-shift)
     return mask
 
 
 KERNELS = ("auto", "eager", "sdpa")
-_kernel = "auto"
+
+
+def check_kernel(name: str) -> str:
+    if name not in KERNELS:
+        raise ValueError(f"the attention kernel is one of {', '.join(KERNELS)}, got {name!r}")
+    return name
+
+
+def _kernel_holders(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` that call `attend` (each holds its `kernel` setting)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "kernel", None), str)]
+
+
+def set_attention_kernel(model: nn.Module, name: str) -> None:
+    """Every attention of `model` runs kernel `name` (`auto`, `eager` or `sdpa`: the module docstring); `repro fit
+    --run.attention` and `repro bench --attention` set it on the model they build."""
+    check_kernel(name)
+    for m in _kernel_holders(model):
+        m.kernel = name
 
 
 @contextmanager
-def attention_kernel(name: str):
-    """Within the block, `attend` runs kernel `name` (`auto`, `eager` or `sdpa`: the module docstring)."""
-    global _kernel
-    if name not in KERNELS:
-        raise ValueError(f"the attention kernel is one of {', '.join(KERNELS)}, got {name!r}")
-    before, _kernel = _kernel, name
+def attention_kernel(model: nn.Module, name: str):
+    """Within the block, every attention of `model` runs kernel `name`; each module's own setting after it."""
+    check_kernel(name)
+    holders = _kernel_holders(model)
+    before = [m.kernel for m in holders]
+    for m in holders:
+        m.kernel = name
     try:
         yield
     finally:
-        _kernel = before
+        for m, k in zip(holders, before):
+            m.kernel = k
 
 
-def set_attention_kernel(name: str) -> None:
-    """`attention_kernel` for the rest of the process (`repro fit --run.attention`, `repro bench --attention`)."""
-    global _kernel
-    if name not in KERNELS:
-        raise ValueError(f"the attention kernel is one of {', '.join(KERNELS)}, got {name!r}")
-    _kernel = name
-
-
-def uses_sdpa(device: torch.device) -> bool:
-    return _kernel == "sdpa" or (_kernel == "auto" and device.type == "cuda")
+def uses_sdpa(kernel: str, device: torch.device) -> bool:
+    return kernel == "sdpa" or (kernel == "auto" and device.type == "cuda")
 
 
 def _attend_sdpa(q_BHTE, k_BHKE, v_BHKE, mask_TK, score_bias_BHTK, p: float) -> torch.Tensor:
@@ -189,10 +203,12 @@ def attend(
     mask_TK: torch.Tensor,
     score_bias_BHTK: torch.Tensor | None = None,
     dropatt: nn.Dropout,
+    kernel: str,
 ) -> torch.Tensor:
-    """softmax(q·kᵀ + bias, masked) · v → (B, H, T, E). The caller scales q (and the bias) by 1/√E: scaling the
+    """softmax(q·kᵀ + bias, masked) · v → (B, H, T, E) with `kernel` (`auto`, `eager`, `sdpa`: the module
+    docstring; the calling module's `kernel` setting). The caller scales q (and the bias) by 1/√E: scaling the
     (B, H, T, E) queries is cheaper than scaling the (B, H, T, K) scores."""
-    if uses_sdpa(q_BHTE.device):
+    if uses_sdpa(kernel, q_BHTE.device):
         return _attend_sdpa(q_BHTE, k_BHKE, v_BHKE, mask_TK, score_bias_BHTK,
                             dropatt.p if dropatt.training else 0.0)
     scores = q_BHTE @ k_BHKE.transpose(-1, -2)
@@ -223,6 +239,7 @@ class _MemoryAttention(nn.Module):
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.dropatt = Dropout(dropatt)
+        self.kernel = "auto"  # `attend`'s kernel (`set_attention_kernel`)
 
     def project(self, h_BTD: torch.Tensor, mem_BMD: torch.Tensor | None, kv_mem: torch.Tensor | None = None):
         """q (B,H,T,E); kv (2,B,H,K,E) = keys and values of [memory; segment], contiguous per head.
@@ -264,7 +281,7 @@ class RelPartialLearnableAttention(_MemoryAttention):
         bd_BHTK = rel_shift(((q_BHTE + v_HE[:, None]) * self.scale) @ r_HEK)  # terms (b) + (d)
         k_BHKE, v_BHKE = kv.unbind(0)  # unbind: its backward stacks; indexing would zero-fill (2, B, H, K, E) twice
         out = attend((q_BHTE + u_HE[:, None]) * self.scale, k_BHKE, v_BHKE,  # terms (a) + (c)
-                     mask_TK=mask_TK, score_bias_BHTK=bd_BHTK, dropatt=self.dropatt)
+                     mask_TK=mask_TK, score_bias_BHTK=bd_BHTK, dropatt=self.dropatt, kernel=self.kernel)
         return self.output(out), kv
 
 
@@ -274,7 +291,8 @@ class AbsoluteAttention(_MemoryAttention):
     def forward(self, h_BTD, *, mem_BMD, mask_TK, pos=None, kv_mem=None):
         q_BHTE, kv = self.project(h_BTD, mem_BMD, kv_mem)
         k_BHKE, v_BHKE = kv.unbind(0)
-        out = attend(q_BHTE * self.scale, k_BHKE, v_BHKE, mask_TK=mask_TK, dropatt=self.dropatt)
+        out = attend(q_BHTE * self.scale, k_BHKE, v_BHKE, mask_TK=mask_TK, dropatt=self.dropatt,
+                     kernel=self.kernel)
         return self.output(out), kv
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -113,8 +114,6 @@ def release_freed_memory() -> bool:
     it between two steps: the test after a fit in the same process otherwise started beside the fit's freed heap
     (One Billion Word large's test peaked at 17.6 GiB after a 14.0 GiB fit). True where glibc returned
     memory; False elsewhere, or where nothing was free."""
-    import gc
-
     gc.collect()
     libc = _glibc()
     return bool(libc.malloc_trim(0)) if libc is not None else False

@@ -36,18 +36,25 @@ from __future__ import annotations
 
 import resource
 import statistics
+import sys
 import time
 from dataclasses import asdict
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as profiler
 
+from repro.data.corpora import is_built, load_corpus
 from repro.lm import MemorySettings
+from repro.nn.attention import attention_kernel
+from repro.ops.allocator import keep_freed_memory
+from repro.ops.memtrack import TensorPeak
 from repro.ops.timing import autocast, count_flops, measured_peak_tflops, sync
+from repro.tracking import cpu_model, hardware
 
 
 def _tokens(dm, n: int, *, vocab: int, generator: torch.Generator) -> tuple[torch.Tensor, str]:
-    from repro.data.corpora import is_built, load_corpus
-
     name = getattr(dm, "corpus_name", None)
     if name and is_built(name, getattr(dm, "data_dir", None)):
         train = load_corpus(name, dm.data_dir).splits["train"]
@@ -94,10 +101,6 @@ def peak_tflops(device: torch.device, precision: str) -> tuple[float, str]:
 def environment(device: torch.device) -> dict:
     """What a benchmark record names besides its numbers: the device (GPU name, or the CPU with its instruction set
     and threads), the host CPU, torch and CUDA versions, and the command line."""
-    import sys
-
-    from repro.tracking import cpu_model, hardware
-
     return {"device": hardware() if device.type == "cpu" else torch.cuda.get_device_name(device),
             "host_cpu": cpu_model(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "command": "repro " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("repro")
@@ -113,20 +116,17 @@ def bench_module(module, dm, *, config: list[str], mode: str, precision: str = "
     `SegmentLM.make_optimizer`) or `foreach` (Adam's multi-tensor form on any device, the module's before it fused
     the update on a GPU). `profile` > 0: after the timed steps, three more under `torch.profiler`, and the row's
     `profile` lists the operators (kernels on a GPU) that took the most device time, that many."""
-    from repro.nn.attention import attention_kernel
-
     if precision not in ("32", "bf16"):
         raise ValueError("--precision is 32 or bf16")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     module.to(dev)
-    from repro.ops.allocator import keep_freed_memory
 
     keep_freed_memory(parameters=sum(p.numel() for p in module.parameters()))  # as `repro fit` runs this model
     g = torch.Generator().manual_seed(0)
     base = {"config": config, "mode": mode, "precision": precision, **environment(dev),
             "parameters": sum(p.numel() for p in module.parameters()), "compile": compile, "attention": attention,
             "optimizer": optimizer}
-    with attention_kernel(attention):
+    with attention_kernel(module, attention):
         if mode == "slowdown":
             return _slowdown(module, dm, dev, precision, steps, warmup, attention_lengths or [64, 128, 256, 512],
                              segment, g, base)
@@ -138,10 +138,6 @@ def _profiled(step, batches, dev, top: int) -> tuple[list[dict], float | None]:
     """The `top` operators by self device time over `batches` steps (per step, in ms), and on a GPU the share of
     the steps' wall time its kernels took (their summed durations: below 1 where the host launches too slowly to
     keep it busy)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
-
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profiler(activities=acts) as prof:
         sync(dev)
@@ -224,15 +220,13 @@ def _timed(module, dm, dev, precision, steps, warmup, batch_size, tgt_len, g, ba
     for i in range(n_steps + 1):
         x, y = streams[:, i * t : (i + 1) * t], streams[:, i * t + 1 : (i + 1) * t + 1]
         if i == n_steps:  # one more forward pass, untimed, under the tensor tracker (it slows every operator)
-            from repro.ops.memtrack import TensorPeak
-
             if profile:  # the same steps (the memory carried on), compiled if timed so
                 profiled, busy = _profiled(step, [(x, y)] * 3, dev, profile)
             if eager_forward is not None:  # count and track the model's own operators, not the compiled graph's
                 module.compile_model(undo=eager_forward)
             if mfu:  # one more step at full memory (its update is discarded with the model after the bench)
                 saved = mems
-                flops = count_flops(lambda: step(x, y))
+                flops = count_flops(lambda: step(x, y), module)
                 mems = saved
             with torch.no_grad(), autocast(dev, precision), TensorPeak() as tracker:
                 module(x, mems, lengths, kv_memory=kv)

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from repro.io import atomic_write_text
 from repro.ops import speed
 from repro.ops.units import gb
 from repro.tables import RESULTS
@@ -127,8 +128,6 @@ def documents(root: Path = Path()) -> list[Path]:
 
 def write(paths: list[Path] | None = None, blocks: dict[str, Callable[[], str]] = BLOCKS) -> list[Path]:
     """Render the blocks of each document in place (atomically); returns the files that changed."""
-    from repro.io import atomic_write_text
-
     changed = []
     for p in paths if paths is not None else documents():
         old = p.read_text()

@@ -226,7 +226,7 @@ def product_flops(code, stream, *, mode: str) -> int:
 
     for x, y in stream[:full]:
         step(x, y)
-    counted = count_flops(lambda: step(*stream[full]))
+    counted = count_flops(lambda: step(*stream[full]), model)
     model.zero_grad(set_to_none=True)
     code.reset()
     return counted

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.tables import RESULTS, Table
+from repro.tables import write as write_tables
 
 RECORDS = RESULTS / "speed" / "records"
 
@@ -93,6 +94,4 @@ def build(records: Path = RECORDS) -> list[Table]:
 
 
 def write(tables: list[Table], root: Path = RESULTS) -> list[Path]:
-    from repro.tables import write as write_tables
-
     return write_tables("speed", tables, root)

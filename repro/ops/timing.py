@@ -66,11 +66,11 @@ def measured_peak_tflops(device: torch.device, precision: str, *, n: int | None 
     return 2 * n**3 / best / 1e12
 
 
-def count_flops(step) -> int:
-    """FLOPs of one call of `step` (matrix products and attention, `torch.utils.flop_counter`), with the eager
-    attention kernel whatever kernel is timed, so that every kernel and compiled form of a model is divided by the
-    same count."""
+def count_flops(step, model: torch.nn.Module) -> int:
+    """FLOPs of one call of `step` (matrix products and attention, `torch.utils.flop_counter`), with `model`'s
+    attention on the eager kernel whatever kernel is timed, so that every kernel and compiled form of a model is
+    divided by the same count."""
     counter = FlopCounterMode(display=False)
-    with attention_kernel("eager"), counter:
+    with attention_kernel(model, "eager"), counter:
         step()
     return counter.get_total_flops()

@@ -30,10 +30,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from repro.data.download import download
+from repro.data.root import data_dir
+from repro.io import file_lock
 
 SPLITS = ("train", "valid", "test")
 DOC_INDEX_KEYS = ("wikiDocumentIdx", "docLinkIdx")  # conversations: current name, first-commit name
@@ -140,13 +146,6 @@ CMU_DOG_URL = f"https://github.com/festvox/datasets-CMU_DoG/archive/{CMU_DOG_COM
 def cmu_dog_root(data_root: str | os.PathLike | None = None) -> Path:
     """`<data>/raw/cmu_dog/datasets-CMU_DoG-<commit>`: downloaded (checksum recorded at the first download) and
     unpacked once; a checkout placed there by hand is used as is."""
-    import shutil
-    import zipfile
-
-    from repro.data.root import data_dir
-    from repro.io import file_lock
-    from repro.ops.download import download
-
     base = data_dir(data_root) / "raw" / "cmu_dog"
     root = base / f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"
     if (root / "WikiData").is_dir() and (root / "Conversations").is_dir():

@@ -33,6 +33,7 @@ import torch
 
 from repro.text.cmudog import SPLITS, Conversation, cmu_dog_root, read_cmu_dog
 from repro.text.dialogue_tiny import tiny_dog_root
+from repro.text.streams import _Corpus, _Vocab
 from repro.text.tokenizer import TokenizerSpec, load_tokenizer, vocab_size
 
 IGNORE = -100  # target of a position that is not scored
@@ -314,7 +315,6 @@ class DialogueDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.encoded:
             return
-        from repro.text.streams import _Corpus, _Vocab
 
         root = self.data_root()
         tok = self.tokenizer

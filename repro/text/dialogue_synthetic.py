@@ -29,9 +29,12 @@ reader; deterministic given `seed`. The order of the two questions is drawn per 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
+
+from repro.io import atomic_write_json
 
 SPLITS = ("train", "valid", "test")
 CITIES = ["Lisbon", "Oslo", "Quito", "Dakar", "Hanoi", "Lima", "Perth", "Cairo", "Turin", "Kyoto"]
@@ -55,8 +58,6 @@ def generate_tiny_dog(root: str | os.PathLike, *, conversations: dict[str, int] 
 
     `format` names this set in the configs' settings (`data.tiny`), so that the cache folder of a set built by the
     first generator is never taken for this one, and that the first generator refuses these settings."""
-    from repro.io import atomic_write_json
-
     if format != FORMAT:
         raise ValueError(f"data.tiny.format {format} is not this generator's ({FORMAT}): the first tiny dialogue set "
                          "is no longer generated")
@@ -95,8 +96,6 @@ def utterance_acts(root: str | os.PathLike, split: str) -> dict[tuple[str, int],
 
     Utterances are indexed as the CMU-DoG reader makes them (empty messages dropped, consecutive messages of one
     user joined: the act of the first one is kept), so that the keys match `ResponseExample.conversation/turn`."""
-    import json
-
     out: dict[tuple[str, int], str] = {}
     for path in sorted((Path(root) / "Conversations" / split).glob("*.json")):
         history = json.loads(path.read_text(encoding="utf-8")).get("history", [])

@@ -14,12 +14,17 @@ utterances are templates. `repro.text.dialogue_synthetic` is the later set, with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
+from repro.data.root import data_dir
+from repro.io import atomic_write_json, file_lock
 from repro.text.cmudog import SPLITS
+from repro.text.dialogue_synthetic import generate_tiny_dog as generate_synthetic
 
 _NAMES = ["Alma", "Boris", "Cleo", "Dario", "Edith", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lukas",
           "Mona", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wim", "Yara", "Zeno"]
@@ -49,8 +54,6 @@ def generate_tiny_dog(root: str | os.PathLike, *, n_docs: int = 12, conversation
     ("where does Alma live?" / "Alma lives in Oslo."). The answers are predictable only from the document: a model
     that keeps the document in memory after the window has moved into the dialogue can predict them, one that
     does not can only guess among the values. Deterministic given `seed`. Returns `root`."""
-    from repro.io import atomic_write_json
-
     rng = random.Random(seed)
     root = Path(root)
     counts = conversations or {"train": 160, "valid": 16, "test": 16}
@@ -98,12 +101,6 @@ def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Pat
     """The generated set the settings name, built once per settings under `<data>/cache/tiny_dog-<digest>`:
     `format: 2` the set of `repro.text.dialogue_synthetic` (answers that need the document, marked by act; the
     tiny and small configs), otherwise this module's first set."""
-    import hashlib
-    import shutil
-
-    from repro.data.root import data_dir
-    from repro.io import atomic_write_json, file_lock
-
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     root = data_dir(data_root) / "cache" / f"tiny_dog-{key}"
     if (root / "complete.json").exists():
@@ -112,8 +109,6 @@ def tiny_dog_root(data_root: str | os.PathLike | None = None, **settings) -> Pat
         if not (root / "complete.json").exists():
             shutil.rmtree(root, ignore_errors=True)  # an interrupted build
             if settings.get("format", 1) == 2:
-                from repro.text.dialogue_synthetic import generate_tiny_dog as generate_synthetic
-
                 generate_synthetic(root, **settings)
             else:
                 generate_tiny_dog(root, **{k: v for k, v in settings.items() if k != "format"})

@@ -36,7 +36,11 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from repro.data.download import download, read_member
+from repro.data.embedded import split_text
 from repro.data.lm import LMSegments
+from repro.data.root import data_dir
+from repro.io import atomic_write_json, atomic_write_text, build_lock, load_tensors, save_tensors
 from repro.text.tokenizer import TokenizerSpec, load_tokenizer, vocab_size
 
 SPLITS = ("train", "valid", "test")
@@ -63,8 +67,6 @@ def split_wikitext_documents(text: str) -> list[str]:
 
 
 def wt103_raw_documents(raw: Path, split: str) -> list[str]:
-    from repro.ops.download import download, read_member
-
     archive = download(WT103_RAW_URLS, raw / "wikitext-103-raw-v1.zip", **WT103_RAW_PUBLISHED, record_sha256=True)
     name = {"train": "train", "valid": "valid", "test": "test"}[split]
     text = read_member(archive, f"wikitext-103-raw/wiki.{name}.raw").decode("utf-8")
@@ -72,13 +74,11 @@ def wt103_raw_documents(raw: Path, split: str) -> list[str]:
 
 
 def pg19_documents(raw: Path, split: str, train_books: int) -> list[str]:
-    from repro.io import atomic_write_text
-
     limit = train_books if split == "train" else None
     path = raw / f"{split}{'' if limit is None else f'-first{limit}'}.jsonl"
     if not path.exists():
         try:
-            from datasets import load_dataset
+            from datasets import load_dataset  # heavy: datasets
 
             rows = load_dataset(PG19_HF, split=PG19_SPLITS[split], streaming=True)
             books = []
@@ -94,8 +94,6 @@ def pg19_documents(raw: Path, split: str, train_books: int) -> list[str]:
 
 
 def embedded_documents(split: str) -> list[str]:
-    from repro.data.embedded import split_text
-
     return [split_text()[split]]
 
 
@@ -118,9 +116,6 @@ def encode_documents(docs: list[str], tok, line_breaks: str = "keep") -> list[in
 def build_stream(source: str, spec: TokenizerSpec, data_root: str | os.PathLike | None = None, *,
                  pg19_train_books: int = 2000, line_breaks: str = "keep") -> tuple[dict[str, torch.Tensor], dict]:
     """Token streams of the three splits (int32) and their provenance, cached."""
-    from repro.data.root import data_dir
-    from repro.io import atomic_write_json, build_lock, load_tensors, save_tensors
-
     if source not in SOURCES:
         raise ValueError(f"unknown text source {source!r}; choose one of {SOURCES}")
     if line_breaks not in LINE_BREAKS:

@@ -22,39 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from repro.config import coerce
+from repro.data.embedded import split_text
+from repro.data.hf_hub import HUB_HELP, hub_offline
+from repro.data.root import data_dir
+from repro.io import atomic_write_text
+
 SPECIAL_TOKENS = ("<bos>", "<eos>", "<doc>", "<speaker1>", "<speaker2>", "<pad>")
 # base vocabularies of the pretrained tokenizers, to describe a config without the network (checked on loading)
 PRETRAINED_SIZES = {"gpt2": 50257}
-
-
-HUB_HELP = ("run once with network access to fill the Hugging Face cache ($HF_HOME, default "
-            "~/.cache/huggingface), copy a cache filled elsewhere there, or set HF_ENDPOINT to a reachable mirror")
-
-
-def hub_offline(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub must be used offline (its cache only): HF_HUB_OFFLINE is set, or the hub's host
-    does not answer within `timeout` s — then HF_HUB_OFFLINE is set for this process, so that a missing file fails
-    at once instead of after ~23 s of retries per file."""
-    import socket
-    import urllib.parse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return True
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-        return False
-    except OSError:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        import sys
-
-        # read at import: set it there too where the libraries are loaded already
-        for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                              ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
-            if module in sys.modules:
-                for name in names:
-                    setattr(sys.modules[module], name, True)
-        return True
 
 
 @dataclass(frozen=True)
@@ -110,8 +88,6 @@ def vocab_size(spec: TokenizerSpec, data_root: str | os.PathLike | None = None) 
 
 
 def _byte_level(tok):
-    from tokenizers import decoders, pre_tokenizers
-
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return tok
@@ -119,8 +95,6 @@ def _byte_level(tok):
 
 def train_bpe(texts, vocab_size: int):
     """A GPT-2-style byte-level BPE trained on `texts` (an iterable of strings)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
     tok = _byte_level(Tokenizer(models.BPE()))
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
@@ -129,10 +103,6 @@ def train_bpe(texts, vocab_size: int):
 
 
 def load_tokenizer(spec: TokenizerSpec | dict, data_root: str | os.PathLike | None = None) -> TextTokenizer:
-    from tokenizers import Tokenizer
-
-    from repro.lm import coerce
-
     spec = coerce(TokenizerSpec, spec)
     if spec.kind == "file":
         if not Path(spec.name).is_file():
@@ -142,6 +112,7 @@ def load_tokenizer(spec: TokenizerSpec | dict, data_root: str | os.PathLike | No
         offline = hub_offline()
         try:
             if offline:
+                # optional: huggingface_hub (a dependency of transformers, not ours)
                 from huggingface_hub import hf_hub_download
 
                 tok = Tokenizer.from_file(hf_hub_download(spec.name, "tokenizer.json", local_files_only=True))
@@ -155,9 +126,6 @@ def load_tokenizer(spec: TokenizerSpec | dict, data_root: str | os.PathLike | No
         if expected_size(spec) not in (None, len(out)):
             raise ValueError(f"the {spec.name!r} tokenizer has {len(out)} symbols, {expected_size(spec)} were expected")
         return out
-    from repro.data.embedded import split_text
-    from repro.data.root import data_dir
-    from repro.io import atomic_write_text
 
     text = split_text()["train"]
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -11,7 +11,7 @@ constructor's arguments as `config.json`, the state dict as safetensors, tied we
 is built is one of this repository's modules (`module_class`, a `repro.lm.SegmentLM` of a package at the
 checkout's root, with the plain hyper-parameters it saves itself), never a class the file names elsewhere; the
 vocabulary (`symbols`, in id order) or the pretrained tokenizer's name travels in the same config, so that a test
-or a generation needs no corpus beside it. Written by `python -m repro.cli.export`.
+or a generation needs no corpus beside it. Written by `repro export`.
 """
 
 from __future__ import annotations

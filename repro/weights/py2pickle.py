@@ -22,6 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from numpy._core.multiarray import _reconstruct as _numpy_reconstruct  # numpy 2
+except ImportError:  # numpy 1
+    from numpy.core.multiarray import _reconstruct as _numpy_reconstruct
+
 
 class PickleRefused(ValueError):
     """A pickle that names a global outside the allowed ones, or that is not the expected object: one line."""
@@ -49,14 +54,6 @@ class Vocab(Released):
     """The authors' `vocabulary.Vocab`."""
 
 
-def _reconstruct():
-    try:
-        from numpy._core.multiarray import _reconstruct as fn  # numpy 2
-    except ImportError:  # numpy 1
-        from numpy.core.multiarray import _reconstruct as fn
-    return fn
-
-
 ALLOWED = {
     ("data_utils", "Corpus"): Corpus,
     ("vocabulary", "Vocab"): Vocab,
@@ -77,7 +74,7 @@ class _Unpickler(pickle.Unpickler):
         if (module, name) in ALLOWED:
             return ALLOWED[(module, name)]
         if (module, name) in RECONSTRUCT:
-            return _reconstruct()
+            return _numpy_reconstruct
         raise PickleRefused(f"{self.path} names {module}.{name}, which is not one of the authors' vocabulary "
                             "classes or numpy's arrays: refused unread (a pickle may run any code it names)")
 

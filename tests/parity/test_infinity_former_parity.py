@@ -489,7 +489,7 @@ def run_gpt2_model(model, tensors, meta, *, carry: bool = True):
         h, mems = model(x, mems if carry else None)
         logp = torch.log_softmax(model.logits(h)[:, :-1].float(), -1)
         nll = -logp.gather(-1, x[:, 1:, None])[..., 0]
-        extra = model.extra_loss()  # Σ over layers of kl_weight × the layer's mean KL
+        extra = model.aux_losses().get("ltm_kl")  # Σ over layers of kl_weight × the layer's mean KL
         total = total + nll.mean() + (extra if extra is not None else 0.0)
         nlls.append(nll.detach())
         kls.append(extra.detach() / meta["kl_weight"] if extra is not None else torch.zeros(()))

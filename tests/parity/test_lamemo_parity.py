@@ -40,9 +40,9 @@ def name_map(meta: dict) -> dict[str, list[str]]:
     """Our state-dict key -> the authors' keys that make it (concatenated along dim 0, in this order)."""
     out = {"r_w_bias": ["r_w_bias"], "r_r_bias": ["r_r_bias"]}
     if meta["attn_type"] in (3, 32, 33):
-        out["r_r_bias_future"] = ["r_r_bias_future"]
+        out["mechanisms.0.r_r_bias_future"] = ["r_r_bias_future"]  # the look-ahead mechanism's
     if meta["attn_type"] == 32:
-        out["r_w_bias_future"] = ["r_w_bias_future"]
+        out["mechanisms.0.r_w_bias_future"] = ["r_w_bias_future"]
     n_clusters = len(meta["cutoffs"])
     for i in range(n_clusters + 1 if meta["div_val"] != 1 else 1):  # div_val 1: one table for every cluster
         out[f"word_emb.emb_layers.{i}.weight"] = [f"word_emb.emb_layers.{i}.weight"]

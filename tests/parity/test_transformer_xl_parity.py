@@ -156,7 +156,7 @@ def variant(model: TransformerXL, name: str):
         for layer in model.compile_units():
             layer.compile(dynamic=False)
     try:
-        with attention_kernel(kernel):
+        with attention_kernel(model, kernel):
             yield
     finally:
         for layer in model.compile_units():

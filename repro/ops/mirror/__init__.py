@@ -26,7 +26,7 @@ Hugging Face cache layout (`models--gpt2/`, `datasets--emozilla--pg19/`: `refs/m
 HTTP API that `huggingface_hub`, `transformers` and `datasets` use: `resolve`, `api/<kind>/<repo>[/revision|tree|
 paths-info]`); it stops when its context exits, after `idle_timeout` seconds without a request, or after
 `max_seconds`. `environment(url, cache)` is the one setting that points every download at it:
-`REPRO_MIRROR` (read by `repro.ops.download.download`, which rewrites each real URL to `<mirror>/<host>/<path>`
+`REPRO_MIRROR` (read by `repro.data.download.download`, which rewrites each real URL to `<mirror>/<host>/<path>`
 and verifies against the mirror's `SHA256SUMS` instead of the real checksums) and `HF_ENDPOINT` (the Hub
 libraries), with fresh Hub caches, so that the real download code runs end to end.
 

@@ -16,6 +16,17 @@ import re
 from itertools import pairwise
 from pathlib import Path
 
+from repro.data.sources import (
+    ENWIK8_URLS,
+    LM1B_HELDOUT_DIR,
+    LM1B_ROOT,
+    LM1B_TRAIN_DIR,
+    LM1B_URLS,
+    LM1B_VOCAB_URLS,
+    PTB_URLS,
+    TEXT8_URLS,
+    WIKITEXT103_URLS,
+)
 from repro.ops.mirror.layout import file_of, write_tar_gz, write_zip
 from repro.ops.mirror.text import (
     REAL_VOCAB,
@@ -28,6 +39,7 @@ from repro.ops.mirror.text import (
     wikitext_lines,
     with_unk,
 )
+from repro.text.cmudog import CMU_DOG_COMMIT, CMU_DOG_URL
 
 HUTTER_SIZE = 100_000_000
 LM1B_TRAIN_SHARDS = range(1, 100)  # news.en-00001-of-00100 … 00099 (shard 00000 became the held-out set)
@@ -35,8 +47,7 @@ LM1B_HELDOUT_SHARDS = range(50)
 
 
 def build_wikitext(root: Path, words: Words, sizes: dict[str, int], info: dict) -> None:
-    from repro.data.sources import WIKITEXT103_URLS
-    from repro.text.streams import WT103_RAW_URLS
+    from repro.text.streams import WT103_RAW_URLS  # heavy: Lightning
 
     lines = {split: wikitext_lines(words, n, 9) for split, n in sizes.items()}
     counts: dict[str, int] = {}
@@ -62,8 +73,6 @@ def build_wikitext(root: Path, words: Words, sizes: dict[str, int], info: dict) 
 
 
 def build_hutter(root: Path, words: Words, info: dict) -> None:
-    from repro.data.sources import ENWIK8_URLS, TEXT8_URLS
-
     text8 = text8_chunk(words) + b" the quick brown fox jumps over the lazy dog"
     for name, url, chunk in (("enwik8", ENWIK8_URLS[0], fill_bytes(enwik8_chunk(words), REAL_VOCAB["enwik8"])),
                              ("text8", TEXT8_URLS[0], text8)):
@@ -74,14 +83,6 @@ def build_hutter(root: Path, words: Words, info: dict) -> None:
 
 
 def build_lm1b(root: Path, words: Words, info: dict) -> None:
-    from repro.data.sources import (
-        LM1B_HELDOUT_DIR,
-        LM1B_ROOT,
-        LM1B_TRAIN_DIR,
-        LM1B_URLS,
-        LM1B_VOCAB_URLS,
-    )
-
     def shard(n: int) -> str:
         return "".join(" ".join(words.sentence(4, 25)) + " .\n" for _ in range(n))
 
@@ -116,8 +117,6 @@ def build_lm1b(root: Path, words: Words, info: dict) -> None:
 
 
 def build_ptb(root: Path, words: Words, info: dict) -> None:
-    from repro.data.sources import PTB_URLS
-
     vocab = set(words.words[:300])
     text = {}
     for split, n in (("train", 1500), ("valid", 200), ("test", 200)):
@@ -139,8 +138,6 @@ def build_ptb(root: Path, words: Words, info: dict) -> None:
 
 
 def build_cmu_dog(root: Path, words: Words, info: dict) -> None:
-    from repro.text.cmudog import CMU_DOG_COMMIT, CMU_DOG_URL
-
     top = f"datasets-CMU_DoG-{CMU_DOG_COMMIT}"
     members: dict[str, bytes] = {f"{top}/": b"", f"{top}/README.md": b"# CMU Document Grounded Conversations\n"}
     n_docs = 4

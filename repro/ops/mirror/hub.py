@@ -15,6 +15,15 @@ import json
 import shutil
 from pathlib import Path
 
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
 from repro.ops.mirror.layout import hub_repo
 from repro.ops.mirror.text import Words
 
@@ -27,15 +36,6 @@ GPT2_SHAPES = {"paper": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_position
 def gpt2_tokenizer(texts: list[str]):
     """A byte-level BPE with GPT-2's layout and size: 256 byte symbols, merges trained on `texts`, further valid
     merges (a trained symbol + a byte symbol) up to 50,256 symbols, then `<|endoftext|>` = 50256."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator(texts, trainers.BpeTrainer(
@@ -62,8 +62,8 @@ def gpt2_tokenizer(texts: list[str]):
 
 
 def build_gpt2(root: Path, texts: list[str], size: str, info: dict) -> None:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+    import torch  # heavy: torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # heavy: transformers
 
     tmp = root / "tmp-gpt2"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -82,8 +82,8 @@ def build_gpt2(root: Path, texts: list[str], size: str, info: dict) -> None:
 
 
 def build_pg19(root: Path, words: Words, info: dict) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # heavy: pyarrow
+    import pyarrow.parquet as pq  # heavy: pyarrow
 
     books = {"train": 4, "validation": 2, "test": 2}
     files: dict[str, bytes] = {}

@@ -17,7 +17,7 @@ from repro.ops.mirror.text import Words
 
 
 def _png(pixels) -> bytes:
-    from PIL import Image
+    from PIL import Image  # optional: Pillow (matplotlib's dependency, not ours)
 
     buf = io.BytesIO()
     Image.fromarray(pixels, mode="L").save(buf, format="PNG")
@@ -25,10 +25,10 @@ def _png(pixels) -> bytes:
 
 
 def build_lra(root: Path, words: Words, info: dict) -> None:
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
-    from repro.data.listops import LISTOPS_FILES, ListOpsSpec, generate_listops_examples
-    from repro.data.lra_sources import CIFAR10_URL, IMDB_URL, LRA_RELEASE_URL
+    from repro.data.listops import LISTOPS_FILES, ListOpsSpec, generate_listops_examples  # heavy: numpy
+    from repro.data.lra_sources import CIFAR10_URL, IMDB_URL, LRA_RELEASE_URL  # heavy: numpy
 
     rng = np.random.default_rng(0)
     members: dict[str, bytes] = {}

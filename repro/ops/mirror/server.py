@@ -4,7 +4,7 @@
 Range (our downloads resume through it), and the part of the Hub's HTTP API that `huggingface_hub`, `transformers`
 and `datasets` use: `resolve`, `api/<kind>/<repo>[/revision|tree|paths-info]`, answered from the `hub/` folder's
 cache layout. It stops when its context exits, after `idle_timeout` seconds without a request, or after
-`max_seconds`. `environment(url, cache)` gives `REPRO_MIRROR` (read by `repro.ops.download.download`) and
+`max_seconds`. `environment(url, cache)` gives `REPRO_MIRROR` (read by `repro.data.download.download`) and
 `HF_ENDPOINT` (the Hub libraries), with fresh Hub caches, so that the real download code runs end to end.
 
 Not the Hub: no authentication, no uploads, no Xet storage (`HF_HUB_DISABLE_XET`), no pagination of trees; only

@@ -34,6 +34,7 @@ import shutil
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -41,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.io import atomic_path, atomic_write_text
+from repro.io import atomic_path, atomic_write_text, file_lock
 
 CHUNK = 1 << 20
 PROGRESS_EVERY_S = 3.0
@@ -188,7 +189,6 @@ def download(
         published, origin, size = {"sha256": mirror_sha256}, "mirror", None
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    from repro.io import file_lock
 
     # two processes that need one file (the workers of `repro runs`) take turns: the second finds it downloaded,
     # instead of both appending to one `.part`
@@ -245,8 +245,6 @@ _mirror_sums: dict[str, dict[str, str]] = {}
 
 def mirror_path(url: str) -> str:
     """The path of a real URL in a mirror: `host/path`."""
-    import urllib.parse
-
     p = urllib.parse.urlsplit(url)
     return f"{p.netloc}/{p.path.lstrip('/')}"
 
