@@ -61,7 +61,8 @@ class MemoryMechanism(nn.Module):
     `context_len` is the most rows `context` returns (the evaluation's `same_length` counts them as memory).
 
     A mechanism may also own the layer step (`owns_layer_step`, LaMemo's look-ahead refresh of the memory rows);
-    at most one of a model may, and it then runs the backbone's layers itself (`layer_step`). A mechanism may give
+    at most one of a model may. The backbone's loop then asks it for the layers' input (`layer_inputs`, once per
+    segment) and runs each layer through its `layer_step` instead of the layer's own forward. A mechanism may give
     the attention the backbone's layers are built with (`layer_attention`, a class method: it is called before the
     mechanism exists, the backbone drawing its weights first), and keep a module in each layer's attention
     (`layer_module`). `aux_losses()` gives the weighted auxiliary losses of the last forward pass (added to the NLL
@@ -125,15 +126,19 @@ class MemoryMechanism(nn.Module):
         own); `options` are the mechanism's config options."""
         return None
 
-    def layer_step(self, model: nn.Module, *, emb_BTD: torch.Tensor, short: list[torch.Tensor],
-                   states: list[list[tuple[torch.Tensor, ...]]], reads: list, mem_len: int, clamp_len: int,
-                   same_length: bool):
-        """The layer loop of a mechanism that owns it (`owns_layer_step`), over `model.layers`: from the segment's
-        embeddings (dropout not yet applied), the short memory the mechanism keeps (`short`), every mechanism's
-        per-layer states (`states`, in the model's order; this mechanism's own among them) and the other
-        mechanisms' reads per layer (`reads[i]`: None or a function of the attention's input). Returns (output,
-        next short memory, the layers' inputs, the rows each layer's memory evicted, this mechanism's next
-        per-layer states)."""
+    def layer_inputs(self, model: nn.Module, *, emb_BTD: torch.Tensor, memory_BMD: torch.Tensor, mem_len: int,
+                     clamp_len: int, same_length: bool) -> tuple[torch.Tensor, object]:
+        """For a mechanism that owns the layer step (`owns_layer_step`): from the segment's embeddings (dropout not
+        yet applied) and the short memory it keeps (`memory_BMD`, the layer-0 input of the memory rows), the first
+        layer's input and what every `layer_step` of the segment shares (positions, mask, …)."""
+        raise NotImplementedError(f"{type(self).__name__} owns no layer step")
+
+    def layer_step(self, i: int, layer: nn.Module, h_BTD: torch.Tensor, memory_BMD: torch.Tensor, *, shared,
+                   state: tuple[torch.Tensor, ...], read) -> tuple[torch.Tensor, torch.Tensor | None, tuple]:
+        """For a mechanism that owns the layer step: layer i on the segment's rows `h_BTD` and the memory rows
+        `memory_BMD` (layer i's input of them), with `shared` from `layer_inputs`, the mechanism's own layer state
+        and the other mechanisms' read (None or a function of the attention's input). Returns (the segment's output,
+        the memory rows' output = the next layer's `memory_BMD` (None after the last layer), the next state)."""
         raise NotImplementedError(f"{type(self).__name__} owns no layer step")
 
 

@@ -14,6 +14,7 @@ from papers.infinity_former.model import InfinityFormer
 from papers.lamemo.model import LaMemo, LaMemoConfig
 from papers.transformer_xl.model import TransformerXL, TransformerXLConfig
 from repro.memory import MemoryMechanism, register
+from repro.nn.attention import causal_mask, relative_distances, sinusoid_table
 
 from arena_models import MEM, SEGMENTS, SMALL, T, _copy, _run, _tokens
 
@@ -217,3 +218,56 @@ def test_a_new_mechanism_is_one_class_and_one_config_entry():
     torch.testing.assert_close(mems[n], expected)
     assert float(mems[2 * n][0, 0]) == SEGMENTS * T - MEM
     _assert_it_matters(arena, outs)
+
+
+class SharedEmbeddingMemory(MemoryMechanism):
+    """An owner of the layer step from outside the repository: every layer attends to the embedding memory (the
+    layer-0 input of the memory rows) instead of its own layer's; its state counts the segments it has seen."""
+
+    slots = ("segments",)
+    owns_layer_step = True
+
+    def __init__(self, cfg):
+        super().__init__()
+
+    def empty(self, batch, like):
+        return (like.new_zeros(batch, 1),)
+
+    def layer_inputs(self, model, *, emb_BTD, memory_BMD, mem_len, clamp_len, same_length):
+        k = memory_BMD.shape[1] + emb_BTD.shape[1]
+        mask = causal_mask(emb_BTD.shape[1], k, same_length=same_length, span=mem_len, device=emb_BTD.device)
+        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb_BTD.device),
+                                model.cfg.d_model)
+        return model.drop(emb_BTD), (mask, (pos_KD, model.r_w_bias, model.r_r_bias), memory_BMD)
+
+    def layer_step(self, i, layer, h_BTD, memory_BMD, *, shared, state, read):
+        mask, pos, embeddings = shared
+        h, _ = layer(h_BTD, mem_BMD=embeddings, mask_TK=mask, pos=pos, read=read)
+        return h, memory_BMD, (state[0] + 1,)
+
+
+def test_a_mechanism_outside_the_repository_may_own_the_layer_step():
+    torch.manual_seed(0)
+    cfg = TransformerXLConfig(**SMALL)
+    model = TransformerXL(cfg, [(SharedEmbeddingMemory, {})])
+    outs, mems, _ = _run(model, _tokens(), train=False)
+    # the same computation written out: each layer attends to the last MEM embeddings of the stream before it
+    stream = torch.cat(list(_tokens()), dim=1)
+    with torch.no_grad():
+        emb = model.word_emb(stream)
+        for s, out in enumerate(outs):
+            lo = max(0, s * T - MEM)
+            mem, h = emb[:, lo : s * T], emb[:, s * T : (s + 1) * T]
+            k = mem.shape[1] + T
+            mask = causal_mask(T, k, same_length=False, span=MEM, device=h.device)
+            pos = (sinusoid_table(relative_distances(k, clamp_len=-1, device=h.device), cfg.d_model),
+                   model.r_w_bias, model.r_r_bias)
+            for layer in model.layers:
+                h, _ = layer(h, mem_BMD=mem, mask_TK=mask, pos=pos)
+            torch.testing.assert_close(out, h)
+    assert len(mems) == 1 + cfg.n_layer
+    torch.testing.assert_close(mems[0], emb[:, -MEM:])
+    assert all(float(x[0, 0]) == SEGMENTS for x in mems[1:])
+    # the memory matters: without it every segment's output moves far beyond the tolerance
+    alone = model(_tokens()[-1], None, mem_len=MEM)[0]
+    assert (alone - outs[-1]).abs().max() > 1e-2

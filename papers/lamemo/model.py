@@ -53,13 +53,13 @@ Where this differs from the reference (and why):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
 
 from papers.transformer_xl.model import DecoderLayer, TransformerXL, TransformerXLConfig
-from repro.memory import MemoryMechanism, evict_oldest, register
+from repro.memory import MemoryMechanism, register
 from repro.nn.attention import (
     RelPartialLearnableAttention,
     causal_mask,
@@ -341,49 +341,25 @@ def look_ahead_inputs(model: TransformerXL, m: int, t: int, *, variant: str, u_f
     return pos, mask_bias(mask_TK)
 
 
-def look_ahead_layers(layers, h_BTD, emb_mem_BMD, recur, *, pos, bias_TK, mem_len: int, reads=None,
-                      evicted: list | None = None, inputs: list | None = None):
-    """The layer loop of LaMemo (`layer_look_ahead` per layer) over the segment's embeddings `h_BTD`.
+class LookAheadSegment(NamedTuple):
+    """What every layer step of one segment shares: the positions and biases (`look_ahead_inputs`), the mask's
+    additive bias, the memory's length m, how many rows of [memory; segment] leave the memory (`keep`: the next
+    memory is positions keep… of them, `evict_oldest`'s cut) and the index of the last layer."""
 
-    `emb_mem_BMD`: the embedding memory (the layer-0 input of the memory rows); `recur`: per layer (attention
-    vectors (B,M,H,E), log-normalisers (B,M,H)) of the memory rows. Returns (the last layer's output (B,T,D), the
-    next embedding memory, per layer the next (vectors, log-normalisers)), all of the next memory detached.
-    `reads`: per layer None or a memory mechanism's read (`layer_look_ahead`); `evicted`: a list that receives, per
-    layer, the layer's inputs of the rows that leave the memory at this segment (oldest first, detached);
-    `inputs`: a list that receives the layer's inputs of the current rows."""
-    b, t, _ = h_BTD.shape
-    m = emb_mem_BMD.shape[1]
-    k = m + t
-    keep = max(0, k - mem_len)  # the next memory: positions keep… of [memory; segment] (`evict_oldest`'s cut)
-    h, mem = h_BTD, emb_mem_BMD
-    emb_next = evict_oldest(mem, h, mem_len)[0]
-    states = []
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1
-        first = min(keep, m) if last else 0
-        if evicted is not None:
-            evicted.append(evict_oldest(mem, h, mem_len)[1])
-        if inputs is not None:
-            inputs.append(h)
-        h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
-            layer, h, mem, bias_TK=bias_TK, pos=pos, recur_BMHE=recur[i][0], lse_BMH=recur[i][1], first=first,
-            memory_output=not last, read=reads[i] if reads else None)
-        if keep >= m:  # the memory rows drop out of the next memory
-            vec, lse = vec_cur[:, keep - m :], lse_cur[:, keep - m :]
-        else:  # refreshed rows first… (first ≤ keep) are rows keep… of [memory; segment]
-            vec = torch.cat([vec_mem[:, keep - first :], vec_cur.to(vec_mem.dtype)], dim=1)
-            lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
-        states.append((vec.detach(), lse.detach()))
-    return h, emb_next, states
+    pos: tuple
+    bias_TK: torch.Tensor
+    m: int
+    keep: int
+    last: int
 
 
 @register("look_ahead")
 class LookAhead(MemoryMechanism):
-    """LaMemo's look-ahead memory as a mechanism of the backbone's loop: it owns the layer step
-    (`look_ahead_layers`). The short memory it keeps is the embedding memory (the layer-0 input of the memory
-    rows); state per layer: (attention vectors (B, M, H, E), log-normalisers (B, M, H) float32) of the memory rows,
-    laid out by layer as the reference's memory. Other mechanisms read on the current rows and receive, per layer,
-    the layer's inputs of the rows leaving the memory."""
+    """LaMemo's look-ahead memory as a mechanism of the backbone's loop: it owns the layer step (`layer_step`, one
+    layer of `layer_look_ahead`). The short memory it keeps is the embedding memory (the layer-0 input of the
+    memory rows); state per layer: (attention vectors (B, M, H, E), log-normalisers (B, M, H) float32) of the
+    memory rows, laid out by layer as the reference's memory. Other mechanisms read on the current rows and
+    receive, per layer, the layer's inputs of the rows leaving the memory."""
 
     slots = ("vectors", "lse")
     layout = "by_layer"
@@ -409,20 +385,31 @@ class LookAhead(MemoryMechanism):
         return LaMemoAttention(d_model=cfg.d_model, n_head=cfg.n_head, d_head=cfg.d_head, dropatt=cfg.dropatt,
                                full=variant == "full")
 
-    def layer_step(self, model, *, emb_BTD, short, states, reads, mem_len, clamp_len, same_length):
-        """LaMemo's layer loop (`papers.lamemo.model.look_ahead_layers`) with the other mechanisms' reads: the
-        memory rows refreshed layer by layer; the short memory is the one embedding memory."""
-        index = next(k for k, m in enumerate(model.mechanisms) if m is self)
-        emb_mem = short[0]
+    def layer_inputs(self, model, *, emb_BTD, memory_BMD, mem_len, clamp_len, same_length):
+        """The segment's positions, biases and mask (`look_ahead_inputs`), drawn before the embeddings' dropout as
+        the reference draws them."""
+        m, t = memory_BMD.shape[1], emb_BTD.shape[1]
         u_fut, v_fut = self.future_biases(model)
-        pos, bias_TK = look_ahead_inputs(model, emb_mem.shape[1], emb_BTD.shape[1], variant=self.variant,
-                                         u_fut=u_fut, v_fut=v_fut, clamp_len=clamp_len, same_length=same_length,
-                                         mem_len=mem_len, like=emb_BTD)
-        evicted, inputs = [], []
-        h, emb_next, own = look_ahead_layers(model.layers, model.drop(emb_BTD), emb_mem, states[index], pos=pos,
-                                             bias_TK=bias_TK, mem_len=mem_len, reads=reads, evicted=evicted,
-                                             inputs=inputs)
-        return h, [emb_next], inputs, evicted, own
+        pos, bias_TK = look_ahead_inputs(model, m, t, variant=self.variant, u_fut=u_fut, v_fut=v_fut,
+                                         clamp_len=clamp_len, same_length=same_length, mem_len=mem_len, like=emb_BTD)
+        shared = LookAheadSegment(pos, bias_TK, m, keep=max(0, m + t - mem_len), last=len(model.layers) - 1)
+        return model.drop(emb_BTD), shared
+
+    def layer_step(self, i, layer, h_BTD, memory_BMD, *, shared, state, read):
+        """`layer_look_ahead`, then the layer's next state: the attention vectors and log-normalisers of the rows the
+        next memory keeps (refreshed memory rows, then the segment's); the last layer refreshes only those."""
+        m, keep = shared.m, shared.keep
+        last = i == shared.last
+        first = min(keep, m) if last else 0
+        h, mem, vec_mem, lse_mem, vec_cur, lse_cur = layer_look_ahead(
+            layer, h_BTD, memory_BMD, bias_TK=shared.bias_TK, pos=shared.pos, recur_BMHE=state[0], lse_BMH=state[1],
+            first=first, memory_output=not last, read=read)
+        if keep >= m:  # the memory rows drop out of the next memory
+            vec, lse = vec_cur[:, keep - m :], lse_cur[:, keep - m :]
+        else:  # refreshed rows first… (first ≤ keep) are rows keep… of [memory; segment]
+            vec = torch.cat([vec_mem[:, keep - first :], vec_cur.to(vec_mem.dtype)], dim=1)
+            lse = torch.cat([lse_mem[:, keep - first :], lse_cur], dim=1)
+        return h, mem, (vec.detach(), lse.detach())
 
     def empty(self, batch, like):
         return (like.new_empty(batch, 0, self.n_head, self.d_head),

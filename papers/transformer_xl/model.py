@@ -131,9 +131,9 @@ class TransformerXL(nn.Module):
     distances run over all keys, as in the compressive transformer), its `read` is added to the attention's output
     before the residual, and after the layers it `write`s its next state from the rows the short memory evicted
     (`evict`: at most one mechanism chooses them; else Transformer-XL's rule). A mechanism that owns the layer step
-    (LaMemo's look-ahead) runs the layers instead (`layer_step`), with the others' reads. The backbone draws its
-    weights first and the mechanisms theirs after, so that without mechanisms this is Transformer-XL weight for
-    weight.
+    (LaMemo's look-ahead) gives the layers' input (`layer_inputs`) and runs each layer in the same loop
+    (`layer_step`), with the others' reads. The backbone draws its weights first and the mechanisms theirs after,
+    so that without mechanisms this is Transformer-XL weight for weight.
 
     Memory layout with mechanisms (a flat list of batch-first tensors, as `SegmentLM` checkpoints and re-shards it):
     the short memory (one (B, M, D) per layer; with a layer-step owner, its one embedding memory), then each
@@ -308,7 +308,7 @@ class TransformerXL(nn.Module):
         The memory holds each layer's input hidden states (Transformer-XL's h̃). With `kv_memory` (evaluation,
         relative attention, no mechanisms) it holds each layer's keys and values instead, computed once per
         position: the same outputs without re-projecting the whole memory at every segment. The one layer loop
-        (`_layers`) runs unless a mechanism owns the layer step; then the mechanisms write their next states."""
+        (`_layers`) runs, then the mechanisms write their next states."""
         if mem_len < 0:
             raise ValueError(f"mem_len must be ≥ 0, got {mem_len}")
         if kv_memory and self.mechanisms:
@@ -322,15 +322,8 @@ class TransformerXL(nn.Module):
             mech.begin()
         short, states = self._unpack(mems if mems else self.empty_memory(b, emb, kv_memory=kv_memory))
         reads = [self._reader(i, states) for i in range(len(self.layers))]
-        if self.owner is not None:
-            index = list(self.mechanisms).index(self.owner)
-            h, short, inputs, evicted, states[index] = self.owner.layer_step(
-                self, emb_BTD=emb, short=short, states=states, reads=reads, mem_len=mem_len, clamp_len=clamp_len,
-                same_length=same_length)
-        else:
-            h, short, inputs, evicted = self._layers(emb, short, states, reads, mem_len=mem_len,
-                                                     clamp_len=clamp_len, same_length=same_length,
-                                                     kv_memory=kv_memory)
+        h, short, inputs, evicted = self._layers(emb, short, states, reads, mem_len=mem_len, clamp_len=clamp_len,
+                                                 same_length=same_length, kv_memory=kv_memory)
         new_states = []
         for mech, per_layer in zip(self.mechanisms, states):
             if mech is self.owner:
@@ -399,27 +392,41 @@ class TransformerXL(nn.Module):
 
     def _layers(self, emb, short, states, reads, *, mem_len, clamp_len, same_length, kv_memory=False):
         """The one layer loop: per layer the mechanisms' context rows and the short memory (or, with `kv_memory`,
-        its keys and values), the mechanisms' reads, activation checkpointing when asked; (output, next short
-        memory, the layers' inputs, the rows each layer's memory evicted)."""
-        contexts = [[c for c in (m.context(i, s[i]) for m, s in zip(self.mechanisms, states)) if c is not None]
-                    for i in range(len(self.layers))]
-        c = sum(x.shape[1] for x in contexts[0]) if contexts else 0
-        t = emb.shape[1]
-        m = short[0].shape[3] if kv_memory else short[0].shape[1]
-        k = c + m + t
-        extra = sum(mech.context_len for mech in self.mechanisms)
-        mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len + extra, device=emb.device)
-        pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
-        pos_KD = pos_KD.to(emb.dtype)
-        if self.cfg.attention == "relative":
-            h = self.drop(emb)  # dropout draws: the embedding, then the positions
-            pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
-        else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
-            h = self.drop(emb + pos_KD[m:])
-            pos = None
+        its keys and values), the mechanisms' reads, activation checkpointing when asked, or the layer-step owner's
+        `layer_step` (its own state updated in `states`); (output, next short memory, the layers' inputs, the rows
+        each layer's memory evicted)."""
+        owner = self.owner
+        if owner is not None:  # one memory, the layer-0 input of the memory rows, refreshed layer by layer
+            index = list(self.mechanisms).index(owner)
+            own = states[index]
+            mem = short[0]
+            h, shared = owner.layer_inputs(self, emb_BTD=emb, memory_BMD=mem, mem_len=mem_len, clamp_len=clamp_len,
+                                           same_length=same_length)
+        else:
+            contexts = [[c for c in (m.context(i, s[i]) for m, s in zip(self.mechanisms, states)) if c is not None]
+                        for i in range(len(self.layers))]
+            c = sum(x.shape[1] for x in contexts[0]) if contexts else 0
+            t = emb.shape[1]
+            m = short[0].shape[3] if kv_memory else short[0].shape[1]
+            k = c + m + t
+            extra = sum(mech.context_len for mech in self.mechanisms)
+            mask_TK = causal_mask(t, k, same_length=same_length, span=mem_len + extra, device=emb.device)
+            pos_KD = sinusoid_table(relative_distances(k, clamp_len=clamp_len, device=emb.device), self.cfg.d_model)
+            pos_KD = pos_KD.to(emb.dtype)
+            if self.cfg.attention == "relative":
+                h = self.drop(emb)  # dropout draws: the embedding, then the positions
+                pos = (self.drop(pos_KD), self.r_w_bias, self.r_r_bias)
+            else:  # absolute: distances to the segment end, added to the input and to the layer-0 memory
+                h = self.drop(emb + pos_KD[m:])
+                pos = None
         checkpointed = self.checkpoint_layers and self.training and torch.is_grad_enabled()
-        inputs, new_kv = [], []
+        inputs, memories, new_kv = [], [], []
         for i, layer in enumerate(self.layers):
+            if owner is not None:
+                inputs.append(h)
+                memories.append(mem)
+                h, mem, own[i] = owner.layer_step(i, layer, h, mem, shared=shared, state=own[i], read=reads[i])
+                continue
             mem = short[i]
             if pos is None and i == 0 and m:
                 mem = mem + pos_KD[:m]
@@ -430,6 +437,7 @@ class TransformerXL(nn.Module):
                 new_kv.append(kv.narrow(3, max(0, k - mem_len), min(k, mem_len)))  # (2, B, H, ≤mem_len, E)
                 continue
             inputs.append(h)
+            memories.append(short[i])
             if checkpointed:
                 # activation checkpointing: the layer's activations are recomputed in the backward pass (the
                 # random state too, so dropout draws the same masks) instead of kept
@@ -440,8 +448,9 @@ class TransformerXL(nn.Module):
         if kv_memory:
             return h, new_kv, [], []
         evict = self.evictor.evict if self.evictor is not None else evict_oldest
-        kept, evicted = zip(*(evict(s, x, mem_len) for s, x in zip(short, inputs)))
-        return h, list(kept), inputs, list(evicted)
+        kept, evicted = zip(*(evict(s, x, mem_len) for s, x in zip(memories, inputs)))
+        # the layer-step owner keeps the one embedding memory: layer 0's kept rows
+        return h, list(kept[:1] if owner is not None else kept), inputs, list(evicted)
 
     def nll(self, hidden_BTD: torch.Tensor, target_BT: torch.Tensor) -> torch.Tensor:
         """Per-token NLL (B, T), float32."""
