@@ -430,6 +430,17 @@ def test_look_ahead_biases_start_xavier_uniform_and_u_v_normal_as_the_reference(
         assert abs(p.std().item() / cfg.init_std - 1) < 0.15 and p.abs().max() < 6 * cfg.init_std
 
 
+def test_parameters_stand_in_the_references_order():
+    """The reference's model holds u, v and the look-ahead biases itself (`_create_params`), and PyTorch lists a
+    module's own parameters before its submodules': u, v, v₊, u₊, then the embedding, the layers and the softmax.
+    Gradient clipping sums the parameters' norms in this order, so that the order decides a run's last bits."""
+    cfg = TransformerXLConfig(n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=16, n_token=V)
+    names = [n for n, _ in LaMemo(cfg, LaMemoConfig(variant="disentangled_v2")).named_parameters()]
+    assert names[:4] == ["r_w_bias", "r_r_bias", "mechanisms.0.r_r_bias_future", "mechanisms.0.r_w_bias_future"]
+    backbone = [n for n, _ in TransformerXL(cfg).named_parameters()]
+    assert names[4:] == backbone[2:] and backbone[:2] == ["r_w_bias", "r_r_bias"]
+
+
 def test_tiny_configs_pair_lamemo_with_its_baseline(root, monkeypatch):
     from repro.cli.commands import describe_configs
 

@@ -291,6 +291,11 @@ class LaMemo(TransformerXL):
         self.__dict__["_lamemo"] = lamemo  # read by make_attention during the backbone's construction
         super().__init__(cfg, [(LookAhead, {"variant": lamemo.variant})] if lamemo.look_ahead else [])
         self.lamemo = lamemo
+        # the parameter order of LaMemo's own model (the reference's): the look-ahead biases beside the backbone's
+        # biases, before the embedding and the layers. Gradient clipping sums the parameters' norms in this order,
+        # so that a run takes the same steps to the last bit, as it did with the biases held by the model itself
+        for name in [n for n in self._modules if n != "mechanisms"]:
+            self._modules[name] = self._modules.pop(name)
         self.register_load_state_dict_pre_hook(_renamed_future_biases)
 
     @property
@@ -315,7 +320,8 @@ class LaMemo(TransformerXL):
 
 
 def _renamed_future_biases(module, state_dict, prefix, *args) -> None:
-    """Checkpoints of LaMemo before its look-ahead became a mechanism held the future biases at the top."""
+    """Checkpoints that hold the future biases at the model's top level (as the reference's model holds them) load
+    into the look-ahead mechanism."""
     for name in ("r_r_bias_future", "r_w_bias_future"):
         if prefix + name in state_dict:
             state_dict[prefix + "mechanisms.0." + name] = state_dict.pop(prefix + name)
