@@ -32,6 +32,7 @@ from repro.nn.attention import (
     AbsoluteAttention,
     PositionwiseFF,
     RelPartialLearnableAttention,
+    attribute_within,
     causal_mask,
     relative_distances,
     sinusoid_table,
@@ -213,15 +214,8 @@ class TransformerXL(nn.Module):
         """Evaluation forward passes inside also measure what a mechanism measures only when asked (the ∞-former's
         reconstruction error of its fits, `diagnostics()["regression_error"]`); outside, an evaluation does only the
         model's work."""
-        measured = [m for m in self.modules() if hasattr(m, "measure_fit")]
-        before = [m.measure_fit for m in measured]
-        for m in measured:
-            m.measure_fit = True
-        try:
+        with attribute_within([m for m in self.modules() if hasattr(m, "measure_fit")], "measure_fit", True):
             yield
-        finally:
-            for m, b in zip(measured, before):
-                m.measure_fit = b
 
     def compile_units(self) -> list[nn.Module]:
         """What `SegmentLM.compile_model` compiles: the decoder layers (the embedding and the adaptive softmax stay

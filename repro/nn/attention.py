@@ -167,15 +167,21 @@ def set_attention_kernel(model: nn.Module, name: str) -> None:
 def attention_kernel(model: nn.Module, name: str):
     """Within the block, every attention of `model` runs kernel `name`; each module's own setting after it."""
     check_kernel(name)
-    holders = _kernel_holders(model)
-    before = [m.kernel for m in holders]
-    for m in holders:
-        m.kernel = name
+    with attribute_within(_kernel_holders(model), "kernel", name):
+        yield
+
+
+@contextmanager
+def attribute_within(modules, attribute: str, value):
+    """Within the block, each of `modules` has `attribute` = `value`; each its own value after it."""
+    before = [getattr(m, attribute) for m in modules]
+    for m in modules:
+        setattr(m, attribute, value)
     try:
         yield
     finally:
-        for m, k in zip(holders, before):
-            m.kernel = k
+        for m, b in zip(modules, before):
+            setattr(m, attribute, b)
 
 
 def uses_sdpa(kernel: str, device: torch.device) -> bool:
