@@ -55,7 +55,7 @@ def estimates_of(steps: list[list[str]]) -> dict[str, dict]:
     """{config: estimate} of the fits among command lines (`fit -c A.yaml …`, as `repro runs` builds them), keyed by
     the first config file; a config fitted twice (seeds) keeps the larger figures."""
     # heavy: torch and Lightning, which the rehearsal's parent imports this module without
-    from repro.cli.cli import build
+    from repro.cli.cli import build  # heavy: Lightning
 
     out: dict[str, dict] = {}
     for args in steps:
